@@ -1,0 +1,302 @@
+"""`dot_general` with NVFP4 forward, data-gradient and weight-gradient GEMMs.
+
+A drop-in for `jax.lax.dot_general` whose three GEMMs are each quantized as a
+`Recipe` says (RECIPE.md §6). Any dimension numbers work: operands are brought to a
+canonical ``(B, M, K) × (B, K, N)`` form (batch dims flattened to B, free dims to M
+and N, contracting dims to K), so 16-blocks run along the flattened contraction.
+
+Stochastic-rounding keys: pass one ``jax.random`` key per call (``key=``); the six
+GEMM operands draw from ``jax.random.fold_in(key, role)`` with a fixed role number
+each, so the two gradient tensors of one call never share bits. To give every layer
+and every step different bits deterministically, derive the key per step
+(``fold_in(run_key, step)``) and per layer (`fp4jax.layer_key`); `fp4jax.flax` does
+this for you.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fp4jax import formats
+from fp4jax import matmul as matmul_lib
+from fp4jax import quantize as quantize_lib
+from fp4jax.formats import BLOCK, NVFP4Array
+from fp4jax.recipe import Operand, Recipe
+
+DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+
+_ROLE_IDS = {
+    "fprop_lhs": 0,
+    "fprop_rhs": 1,
+    "dgrad_grad": 2,
+    "dgrad_rhs": 3,
+    "wgrad_lhs": 4,
+    "wgrad_grad": 5,
+}
+
+
+@functools.partial(jax.tree_util.register_static)
+class _Canon:
+    """Static description of the canonical (B, M, K) x (B, K, N) form of one call."""
+
+    def __init__(self, lhs_shape, rhs_shape, dn: DimensionNumbers, lhs_dtype, rhs_dtype):
+        (lc, rc), (lb, rb) = dn
+        self.lhs_shape, self.rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
+        self.lhs_dtype, self.rhs_dtype = jnp.dtype(lhs_dtype), jnp.dtype(rhs_dtype)
+        lf = tuple(d for d in range(len(lhs_shape)) if d not in lb + lc)
+        rf = tuple(d for d in range(len(rhs_shape)) if d not in rb + rc)
+        self.lhs_perm = lb + lf + lc
+        self.rhs_perm = rb + rc + rf
+        size = lambda shape, dims: math.prod(shape[d] for d in dims)  # noqa: E731
+        self.B = size(lhs_shape, lb)
+        self.M = size(lhs_shape, lf)
+        self.K = size(lhs_shape, lc)
+        self.N = size(rhs_shape, rf)
+        self.batch_shape = tuple(lhs_shape[d] for d in lb)
+        self.out_shape = self.batch_shape + tuple(lhs_shape[d] for d in lf) + tuple(
+            rhs_shape[d] for d in rf
+        )
+
+    def _key(self):
+        return (self.lhs_shape, self.rhs_shape, self.lhs_perm, self.rhs_perm,
+                self.lhs_dtype, self.rhs_dtype)
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __eq__(self, other):
+        return isinstance(other, _Canon) and self._key() == other._key()
+
+    def lhs(self, x: jax.Array) -> jax.Array:
+        return jnp.transpose(x, self.lhs_perm).reshape(self.B, self.M, self.K)
+
+    def rhs(self, w: jax.Array) -> jax.Array:
+        return jnp.transpose(w, self.rhs_perm).reshape(self.B, self.K, self.N)
+
+    def out(self, y: jax.Array) -> jax.Array:
+        return y.reshape(self.out_shape)
+
+    def grad(self, g: jax.Array) -> jax.Array:
+        return g.reshape(self.B, self.M, self.N)
+
+    def lhs_back(self, da: jax.Array) -> jax.Array:
+        shape = tuple(self.lhs_shape[d] for d in self.lhs_perm)
+        return jnp.transpose(da.reshape(shape), np.argsort(self.lhs_perm)).astype(self.lhs_dtype)
+
+    def rhs_back(self, db: jax.Array) -> jax.Array:
+        shape = tuple(self.rhs_shape[d] for d in self.rhs_perm)
+        return jnp.transpose(db.reshape(shape), np.argsort(self.rhs_perm)).astype(self.rhs_dtype)
+
+
+def _normalize_dn(dn, lhs_ndim: int, rhs_ndim: int) -> DimensionNumbers:
+    try:
+        (lc, rc), (lb, rb) = dn
+        norm = lambda dims, nd, what: tuple(  # noqa: E731
+            formats.normalize_axis(int(d), nd, what) for d in dims
+        )
+        out = (
+            (norm(lc, lhs_ndim, "lhs contracting dim"), norm(rc, rhs_ndim, "rhs contracting dim")),
+            (norm(lb, lhs_ndim, "lhs batch dim"), norm(rb, rhs_ndim, "rhs batch dim")),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"invalid dimension_numbers {dn!r} for ranks {lhs_ndim} and {rhs_ndim}: {e}"
+        ) from e
+    (lc, rc), (lb, rb) = out
+    if len(lc) != len(rc) or len(lb) != len(rb):
+        raise ValueError(f"dimension_numbers {dn!r} pair unequal numbers of dims")
+    if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
+        raise ValueError(f"dimension_numbers {dn!r} repeat a dimension")
+    return out
+
+
+def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
+    """Zero-pads ``axis`` to a multiple of 16 (exact: both operands of the GEMM are
+    padded along the same contraction axis)."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, -x.shape[axis] % BLOCK)
+    return jnp.pad(x, widths) if widths[axis][1] else x
+
+
+def _quantize(x, axis: int, op: Operand, key, role: str, recipe: Recipe) -> NVFP4Array:
+    if op.hadamard:  # the rotation needs whole 16-runs
+        x = _pad_to_block(x, axis)
+    return quantize_lib.quantize(
+        x,
+        axis=axis,
+        block_2d=op.block_2d,
+        rounding=op.rounding,
+        key=None if not op.stochastic else jax.random.fold_in(key, _ROLE_IDS[role]),
+        hadamard=op.hadamard,
+        hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
+    )
+
+
+def _bmm(a, b, precision, impl: str) -> jax.Array:
+    """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
+    if isinstance(a, NVFP4Array):
+        return matmul_lib.matmul(a, b, preferred_element_type=jnp.float32, impl=impl)
+    return lax.dot_general(
+        a, b, (((2,), (1,)), ((0,), (0,))), precision=precision,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _mT(x):  # noqa: N802
+    return x.mT
+
+
+def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: str):
+    c = _Canon(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
+    a, b = c.lhs(lhs), c.rhs(rhs)
+    r = recipe
+    qa = _quantize(a, 2, r.fprop_lhs, key, "fprop_lhs", r) if r.fprop_lhs.quantized else a
+    qb = _quantize(b, 1, r.fprop_rhs, key, "fprop_rhs", r) if r.fprop_rhs.quantized else b
+    y = c.out(_bmm(qa, qb, precision, impl)).astype(out_dtype)
+
+    # What backward needs, kept in NVFP4 where the recipe quantizes it.
+    if not r.dgrad_rhs.quantized:
+        w_res = b
+    elif r.dgrad_rhs == r.fprop_rhs and r.fprop_rhs.block_2d:
+        w_res = qb  # 16x16 tiles: the same values serve W and W^T
+    else:
+        w_res = _quantize(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r)  # along N
+    if not r.wgrad_lhs.quantized:
+        x_res = a
+    elif r.wgrad_lhs == r.fprop_lhs and r.fprop_lhs.block_2d:
+        x_res = qa
+    else:
+        x_res = _quantize(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r)  # along tokens
+    return y, (x_res, w_res, key, c)
+
+
+def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: str, res, g):
+    del dn, out_dtype
+    x_res, w_res, key, c = res
+    r = recipe
+    gc = c.grad(g)
+    # dgrad: dX = dY W^T, contracting N.
+    if r.dgrad_grad.quantized:
+        qg = _quantize(gc, 2, r.dgrad_grad, key, "dgrad_grad", r)
+        da = _bmm(qg, _mT(w_res), precision, impl)
+    else:
+        da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl)
+    # wgrad: dW = X^T dY, contracting tokens.
+    if r.wgrad_grad.quantized:
+        qg = _quantize(gc, 1, r.wgrad_grad, key, "wgrad_grad", r)
+        db = _bmm(_mT(x_res), qg, precision, impl)
+    else:
+        db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl)
+    return c.lhs_back(da), c.rhs_back(db), None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl):
+    return _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)[0]
+
+
+_dot_general.defvjp(_fwd, _bwd)
+
+
+def dot_general(
+    lhs: jax.typing.ArrayLike,
+    rhs: jax.typing.ArrayLike,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    *,
+    out_sharding: Any = None,
+    recipe: Recipe | None = None,
+    key: jax.Array | None = None,
+    impl: str = "xla",
+) -> jax.Array:
+    """NVFP4 `jax.lax.dot_general` with quantized forward and backward GEMMs.
+
+    Call-compatible with `jax.lax.dot_general` (``precision``,
+    ``preferred_element_type``, ``out_sharding``); bind ``recipe``/``key`` with
+    `functools.partial` (or use `fp4jax.flax`) to pass it where a layer takes a
+    ``dot_general``.
+
+    Per RECIPE.md §6 (with the default `Recipe.nvfp4`): the forward GEMM uses the
+    left operand in 1D blocks along K (RNE) and the right operand in 16×16 tiles
+    (RNE); dgrad uses dY in 1D blocks along N (stochastic rounding) and the same
+    tiled right operand; wgrad uses X and dY Hadamard-rotated along the token axis
+    (dY stochastically rounded). Each emulated GEMM decodes to BF16, accumulates in
+    FP32 and applies the two global decode scales. Backward residuals are kept in
+    NVFP4 (the tiled weight and the rotated column-wise copy of X), not as inputs.
+
+    Args:
+      lhs: left operand (activations), float32/bfloat16/float16.
+      rhs: right operand (weights).
+      dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
+      precision: passed to the unquantized (bf16-format) GEMMs; NVFP4 GEMMs are
+        exact BF16 products with FP32 accumulation regardless.
+      preferred_element_type: output dtype (default: the promoted input dtype).
+      out_sharding: output sharding, as in `jax.lax.dot_general`.
+      recipe: a `Recipe`; default `Recipe.nvfp4()`.
+      key: a ``jax.random`` key; required when the recipe rounds stochastically.
+      impl: GEMM implementation (``"xla"``).
+
+    Returns:
+      The product, shaped as `jax.lax.dot_general`'s.
+
+    Example:
+      >>> import functools, jax, jax.numpy as jnp, fp4jax
+      >>> x = jax.random.normal(jax.random.key(0), (32, 64), jnp.bfloat16)
+      >>> w = jax.random.normal(jax.random.key(1), (64, 16), jnp.bfloat16)
+      >>> dg = functools.partial(fp4jax.dot_general, key=jax.random.key(2))
+      >>> y = dg(x, w, (((1,), (0,)), ((), ())))
+      >>> y.shape, y.dtype
+      ((32, 16), dtype(bfloat16))
+      >>> gx, gw = jax.grad(lambda x, w: dg(x, w, (((1,), (0,)), ((), ()))).sum(), (0, 1))(x, w)
+    """
+    recipe = Recipe.nvfp4() if recipe is None else recipe
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be an fp4jax.Recipe, got {type(recipe).__name__}")
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    if recipe.is_bf16:
+        return lax.dot_general(
+            lhs, rhs, dimension_numbers, precision=precision,
+            preferred_element_type=preferred_element_type, out_sharding=out_sharding,
+        )
+    formats.check_input_dtype(lhs.dtype, "lhs")
+    formats.check_input_dtype(rhs.dtype, "rhs")
+    dn = _normalize_dn(dimension_numbers, lhs.ndim, rhs.ndim)
+    (lc, rc), (lb, rb) = dn
+    for ld, rd, what in ((lc, rc, "contracting"), (lb, rb, "batch")):
+        ls, rs = tuple(lhs.shape[d] for d in ld), tuple(rhs.shape[d] for d in rd)
+        if ls != rs:
+            raise ValueError(
+                f"{what} dims have different sizes: lhs {lhs.shape} dims {ld} -> {ls}, "
+                f"rhs {rhs.shape} dims {rd} -> {rs}"
+            )
+    if recipe.needs_key and key is None:
+        roles = [n for n, o in recipe.operands() if o.stochastic]
+        raise ValueError(
+            f"the recipe rounds {', '.join(roles)} stochastically: pass key=jax.random.key(...) "
+            "(one per call; see fp4jax.layer_key)"
+        )
+    out_dtype = jnp.dtype(
+        preferred_element_type
+        if preferred_element_type is not None
+        else jnp.promote_types(lhs.dtype, rhs.dtype)
+    )
+    if 0 in lhs.shape or 0 in rhs.shape:
+        return lax.dot_general(lhs, rhs, dn, preferred_element_type=out_dtype)
+    if impl != "xla":
+        raise ValueError(f"impl must be 'xla', got {impl!r}")
+    if key is not None and not (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32
+    ):
+        raise TypeError(f"key must be a jax.random key, got an array of dtype {key.dtype}")
+    y = _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)
+    if out_sharding is not None:
+        y = jax.lax.with_sharding_constraint(y, out_sharding)
+    return y

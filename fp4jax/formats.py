@@ -1,0 +1,252 @@
+"""NVFP4 storage format: E2M1 codes, E4M3 block scales and the `NVFP4Array` pytree.
+
+An NVFP4 tensor is stored in three parts (RECIPE.md §1):
+
+* ``data``: two 4-bit E2M1 codes per byte, even element in the low nibble, laid out
+  like the input with the quantized axis halved (after zero-padding that axis to a
+  multiple of 16);
+* ``scales``: one ``float8_e4m3fn`` block decode scale per 16 consecutive elements
+  along the quantized axis (1D blocks), or one per 16×16 tile (2D blocks);
+* ``amax``: the float32 global amax of the (possibly rotated) tensor.
+
+Everything else (logical shape, input dtype, quantized axis, 2D flag, whether the
+random Hadamard transform was applied) is static pytree metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BLOCK = 16
+"""Elements per NVFP4 block (and the side of a 2D weight tile)."""
+
+E2M1_MAX = 6.0
+"""Largest E2M1 magnitude."""
+
+E4M3_MAX = 448.0
+"""Largest finite ``float8_e4m3fn`` magnitude."""
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+E2M1_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=np.float32,
+)
+"""Value of each 4-bit E2M1 code ``s e1 e0 m`` (code 8 is −0)."""
+
+SUPPORTED_INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def check_input_dtype(dtype: Any, what: str) -> jnp.dtype:
+    """Returns ``dtype`` as a numpy dtype or raises `TypeError` naming ``what``."""
+    dtype = jnp.dtype(dtype)
+    if dtype not in SUPPORTED_INPUT_DTYPES:
+        raise TypeError(
+            f"{what} has dtype {dtype}; NVFP4 quantization takes float32, bfloat16 or "
+            "float16 inputs"
+        )
+    return dtype
+
+
+def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
+    """Returns ``axis`` in ``[0, ndim)`` or raises `ValueError`."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{what} must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what}={axis} is out of range for an array of rank {ndim}")
+    return int(axis) % ndim
+
+
+def num_blocks(n: int) -> int:
+    """Number of 16-element blocks covering ``n`` elements (the last may be partial)."""
+    return -(-n // BLOCK)
+
+
+def tile_axis_for(axis: int, ndim: int) -> int:
+    """The second axis of a 2D (16×16) tile: the other of the array's last two axes."""
+    if ndim < 2 or axis not in (ndim - 2, ndim - 1):
+        raise ValueError(
+            f"2D (16x16) blocks need the quantized axis to be one of the last two axes of an "
+            f"array of rank >= 2; got axis={axis} for rank {ndim}"
+        )
+    return ndim - 1 if axis == ndim - 2 else ndim - 2
+
+
+def pack_codes(codes: jax.Array, axis: int) -> jax.Array:
+    """Packs 4-bit codes two per byte along ``axis`` (even element in the low nibble).
+
+    Args:
+      codes: uint8 array of codes in ``[0, 16)``; ``codes.shape[axis]`` must be even.
+      axis: the axis to pack along.
+
+    Returns:
+      uint8 array with ``shape[axis]`` halved.
+    """
+    codes = jnp.moveaxis(codes.astype(jnp.uint8), axis, -1)
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    packed = pairs[..., 0] | (pairs[..., 1] << 4)
+    return jnp.moveaxis(packed, -1, axis)
+
+
+def unpack_codes(data: jax.Array, axis: int) -> jax.Array:
+    """Inverse of `pack_codes`: returns uint8 codes with ``shape[axis]`` doubled."""
+    data = jnp.moveaxis(data, axis, -1)
+    codes = jnp.stack([data & 0xF, data >> 4], axis=-1)
+    codes = codes.reshape(*data.shape[:-1], data.shape[-1] * 2)
+    return jnp.moveaxis(codes, -1, axis)
+
+
+def e2m1_to_bf16(codes: jax.Array) -> jax.Array:
+    """Decodes E2M1 codes to bfloat16 with integer ops only (exact).
+
+    Magnitude index ``m = c & 7`` maps to BF16 bits ``0`` (m=0), ``0x3F00`` (m=1, 0.5)
+    or ``((m >> 1) + 126) << 7 | (m & 1) << 6``; the sign bit is ``(c & 8) << 12``.
+    """
+    c = codes.astype(jnp.uint16)
+    m = c & 7
+    normal = (((m >> 1) + 126) << 7) | ((m & 1) << 6)
+    mag = jnp.where(m == 0, jnp.uint16(0), jnp.where(m == 1, jnp.uint16(0x3F00), normal))
+    bits = mag | ((c & 8) << 12)
+    return jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16)
+
+
+def e2m1_to_f32(codes: jax.Array) -> jax.Array:
+    """Decodes E2M1 codes to float32 (exact; goes through the BF16 bit pattern)."""
+    bf = e2m1_to_bf16(codes)
+    bits = jax.lax.bitcast_convert_type(bf, jnp.uint16).astype(jnp.uint32) << 16
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def e4m3_to_f32(scales: jax.Array) -> jax.Array:
+    """Converts ``float8_e4m3fn`` scales to float32 (an exact widening)."""
+    return scales.astype(jnp.float32)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["data", "scales", "amax"],
+    meta_fields=["shape", "dtype", "axis", "block_2d", "hadamard"],
+)
+@dataclasses.dataclass(frozen=True)
+class NVFP4Array:
+    """A tensor quantized to NVFP4 (a JAX pytree).
+
+    Attributes:
+      data: uint8 packed E2M1 codes: the input's layout with the quantized axis
+        zero-padded to a multiple of 16 and then halved; byte ``j`` along that axis
+        holds element ``2j`` in its low nibble and ``2j+1`` in its high nibble.
+      scales: ``float8_e4m3fn`` block decode scales. 1D blocks: the logical shape
+        with the quantized axis replaced by its number of 16-blocks. 2D blocks:
+        additionally the tile axis (the other of the last two axes) replaced by its
+        number of 16-blocks; one scale per 16×16 tile.
+      amax: float32 scalar, the global amax the scales were computed from (after the
+        Hadamard transform when ``hadamard`` is set). NaN when the input held a
+        non-finite value: every dequantized value is then NaN.
+      shape: logical shape of the quantized tensor.
+      dtype: dtype of the tensor that was quantized.
+      axis: the quantized (block) axis, non-negative.
+      block_2d: whether scales are per 16×16 tile.
+      hadamard: whether the 16×16 random Hadamard transform was applied along
+        ``axis`` before quantizing (`dequantize` then returns rotated values).
+
+    Example:
+      >>> import jax.numpy as jnp, fp4jax
+      >>> q = fp4jax.quantize(jnp.linspace(-6.0, 6.0, 32).reshape(2, 16))
+      >>> q.data.shape, q.scales.shape, q.nbytes
+      ((2, 8), (2, 1), 22)
+    """
+
+    data: jax.Array
+    scales: jax.Array
+    amax: jax.Array
+    shape: tuple[int, ...]
+    dtype: Any
+    axis: int
+    block_2d: bool = False
+    hadamard: bool = False
+
+    @property
+    def ndim(self) -> int:
+        """Rank of the logical tensor."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of logical elements."""
+        return math.prod(self.shape)
+
+    @property
+    def tile_axis(self) -> int | None:
+        """Second axis of the 2D tiles, or None for 1D blocks."""
+        return tile_axis_for(self.axis, self.ndim) if self.block_2d else None
+
+    @property
+    def padded_length(self) -> int:
+        """Length of the quantized axis after zero-padding to a multiple of 16."""
+        return num_blocks(self.shape[self.axis]) * BLOCK
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually stored: packed codes + E4M3 scales + the float32 amax."""
+        return int(self.data.size + self.scales.size + 4)
+
+    def codes(self) -> jax.Array:
+        """The unpacked E2M1 codes (uint8 in ``[0, 16)``) in the logical shape."""
+        codes = unpack_codes(self.data, self.axis)
+        return jax.lax.slice_in_dim(codes, 0, self.shape[self.axis], axis=self.axis)
+
+    def block_scales(self, dtype: Any = jnp.float32) -> jax.Array:
+        """Block decode scales broadcast to one per element, in the padded layout."""
+        s = e4m3_to_f32(self.scales).astype(dtype)
+        s = jnp.repeat(s, BLOCK, axis=self.axis)
+        if self.block_2d:
+            t = self.tile_axis
+            s = jnp.repeat(s, BLOCK, axis=t)
+            s = jax.lax.slice_in_dim(s, 0, self.shape[t], axis=t)
+        return s
+
+    def transpose(self, axes: tuple[int, ...] | None = None) -> "NVFP4Array":
+        """Permutes the logical axes without requantizing (a layout change only).
+
+        2D-tiled arrays must keep the tile on their last two axes.
+        """
+        axes = tuple(reversed(range(self.ndim))) if axes is None else tuple(axes)
+        if sorted(axes) != list(range(self.ndim)):
+            raise ValueError(f"axes {axes} is not a permutation of range({self.ndim})")
+        new_axis = axes.index(self.axis)
+        if self.block_2d:
+            tile_axis_for(new_axis, self.ndim)  # validates
+            if axes.index(self.tile_axis) not in (self.ndim - 2, self.ndim - 1):
+                raise ValueError(
+                    f"transpose {axes} moves the 2D tile of an array of shape {self.shape} "
+                    "off its last two axes"
+                )
+        return NVFP4Array(
+            data=jnp.transpose(self.data, axes),
+            scales=jnp.transpose(self.scales, axes),
+            amax=self.amax,
+            shape=tuple(self.shape[a] for a in axes),
+            dtype=self.dtype,
+            axis=new_axis,
+            block_2d=self.block_2d,
+            hadamard=self.hadamard,
+        )
+
+    @property
+    def T(self) -> "NVFP4Array":  # noqa: N802 - mirrors jax.Array.T
+        """All axes reversed (see `transpose`)."""
+        return self.transpose()
+
+    @property
+    def mT(self) -> "NVFP4Array":  # noqa: N802 - mirrors jax.Array.mT
+        """The last two axes swapped (see `transpose`)."""
+        perm = list(range(self.ndim))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        return self.transpose(tuple(perm))

@@ -1,0 +1,105 @@
+"""The 16×16 random Hadamard transform (RHT) used on wgrad operands (RECIPE.md §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4jax import formats
+from fp4jax import rounding
+
+DEFAULT_SIGNS: tuple[int, ...] = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+"""Transformer Engine's fixed wgrad sign vector, shared by all layers for the whole run."""
+
+
+def check_signs(signs: Sequence[int] | None) -> tuple[int, ...]:
+    """Validates a sign vector (16 entries of ±1); None gives `DEFAULT_SIGNS`."""
+    if signs is None:
+        return DEFAULT_SIGNS
+    try:
+        signs = tuple(int(s) for s in np.asarray(signs).reshape(-1))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"hadamard_signs must be 16 integers ±1, got {signs!r}") from e
+    if len(signs) != formats.BLOCK or any(s not in (-1, 1) for s in signs):
+        raise ValueError(f"hadamard_signs must be 16 entries of +1/-1, got {signs}")
+    return signs
+
+
+def sylvester_hadamard(n: int = formats.BLOCK) -> np.ndarray:
+    """The ``n×n`` Sylvester Hadamard matrix (entries ±1), ``n`` a power of two."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {n}")
+    h = np.ones((1, 1), dtype=np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def rht_matrix(signs: Sequence[int] | None = None) -> np.ndarray:
+    """``T = diag(signs) @ H16 / 4`` as a float32 numpy array (orthogonal)."""
+    s = np.asarray(check_signs(signs), dtype=np.float32)
+    return (s[:, None] * sylvester_hadamard()) / 4.0
+
+
+def rht(
+    x: jax.Array,
+    axis: int = -1,
+    signs: Sequence[int] | None = None,
+    *,
+    round_to: jnp.dtype | None = None,
+) -> jax.Array:
+    """Applies the random Hadamard transform to every 16-run along ``axis``.
+
+    Each contiguous run ``r`` of 16 elements becomes ``r @ T`` with
+    ``T = diag(signs) @ H16 / 4``. The sum is formed in float32 by a fixed
+    fast-Walsh-Hadamard butterfly (4 stages of pairwise ``a+b, a-b``), identical in
+    every fp4jax implementation, then rounded once to ``round_to`` (default: ``x``'s
+    dtype) with an elision-proof rounding. For bfloat16/float16 inputs whose 16-run
+    spans less than ``2**12`` in magnitude the float32 sum is exact, so the result is
+    the exact sum rounded once; otherwise the float32 partial sums may round first.
+
+    Args:
+      x: float array; ``x.shape[axis]`` must be a multiple of 16.
+      axis: the axis along which runs are taken.
+      signs: 16 entries of ±1 (default `DEFAULT_SIGNS`).
+      round_to: dtype whose precision the result is rounded to.
+
+    Returns:
+      float32 array of ``x``'s shape holding the rotated values.
+
+    Mathematically equivalent to::
+
+      (x.reshape(..., n // 16, 16) @ rht_matrix(signs)).reshape(x.shape)
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from fp4jax.hadamard import rht
+      >>> y = rht(jnp.eye(16))
+      >>> bool(jnp.allclose(y @ y.T, jnp.eye(16)))
+      True
+    """
+    x = jnp.asarray(x)
+    axis = formats.normalize_axis(axis, x.ndim)
+    n = x.shape[axis]
+    if n % formats.BLOCK:
+        raise ValueError(
+            f"the Hadamard transform needs the length of axis {axis} to be a multiple of 16; "
+            f"got shape {x.shape}"
+        )
+    round_to = x.dtype if round_to is None else jnp.dtype(round_to)
+    s = jnp.asarray(check_signs(signs), dtype=jnp.float32)
+    y = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
+    lead = y.shape[:-1]
+    y = y.reshape(*lead, n // formats.BLOCK, formats.BLOCK) * s
+    h = 1
+    while h < formats.BLOCK:
+        # Pairs (i, i + h) within each group of 2h: Sylvester order, H = [[H, H], [H, -H]].
+        g = y.reshape(*lead, n // formats.BLOCK, formats.BLOCK // (2 * h), 2, h)
+        a, b = g[..., 0, :], g[..., 1, :]
+        y = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n // formats.BLOCK, formats.BLOCK)
+        h *= 2
+    y = (y * 0.25).reshape(*lead, n)
+    return jnp.moveaxis(rounding.round_to_dtype(y, round_to), -1, axis)

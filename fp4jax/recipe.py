@@ -1,0 +1,197 @@
+"""`Recipe`: how each operand of each GEMM of a linear layer is represented.
+
+A linear layer ``Y = X W`` runs three GEMMs (RECIPE.md §6):
+
+* **fprop** ``Y = X W``: operands ``fprop_lhs`` (X) and ``fprop_rhs`` (W);
+* **dgrad** ``dX = dY Wᵀ``: operands ``dgrad_grad`` (dY) and ``dgrad_rhs`` (W);
+* **wgrad** ``dW = Xᵀ dY``: operands ``wgrad_lhs`` (X) and ``wgrad_grad`` (dY).
+
+For a general ``dot_general`` "X" is the left operand, "W" the right one, and the
+blocks of every NVFP4 operand run along that GEMM's contraction axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Literal
+
+from fp4jax import hadamard
+
+Format = Literal["nvfp4", "bf16"]
+Rounding = Literal["nearest", "stochastic"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Operand:
+    """How one GEMM operand is represented.
+
+    Attributes:
+      format: ``"nvfp4"`` (quantized) or ``"bf16"`` (used as given, unquantized:
+        the operand keeps its own dtype, BF16 in a BF16 model).
+      rounding: E2M1 rounding, ``"nearest"`` (even) or ``"stochastic"``.
+      hadamard: apply the 16×16 random Hadamard transform along the contraction
+        axis first. Must be set on both operands of a GEMM or on neither.
+      block_2d: one scale per 16×16 tile (weights), so the same quantized values
+        serve the GEMMs that contract either axis.
+    """
+
+    format: Format = "nvfp4"
+    rounding: Rounding = "nearest"
+    hadamard: bool = False
+    block_2d: bool = False
+
+    def __post_init__(self):
+        if self.format not in ("nvfp4", "bf16"):
+            raise ValueError(f"format must be 'nvfp4' or 'bf16', got {self.format!r}")
+        if self.rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {self.rounding!r}")
+        for name in ("hadamard", "block_2d"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.format == "bf16" and (
+            self.rounding != "nearest" or self.hadamard or self.block_2d
+        ):
+            raise ValueError(
+                "rounding, hadamard and block_2d only apply to format='nvfp4'; "
+                f"got {self}"
+            )
+        if self.hadamard and self.block_2d:
+            raise ValueError("an operand cannot use both hadamard=True and block_2d=True")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the operand is quantized to NVFP4."""
+        return self.format == "nvfp4"
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the operand uses stochastic rounding (needs a key)."""
+        return self.quantized and self.rounding == "stochastic"
+
+
+BF16 = Operand(format="bf16")
+"""An unquantized operand."""
+
+_GEMMS = (
+    ("fprop", "fprop_lhs", "fprop_rhs"),
+    ("dgrad", "dgrad_grad", "dgrad_rhs"),
+    ("wgrad", "wgrad_lhs", "wgrad_grad"),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """Per-GEMM-role quantization settings of a linear layer (or any dot_general).
+
+    Use the presets: `Recipe.nvfp4` (the paper's recipe), `Recipe.bf16` (exact
+    passthrough), the ablations `Recipe.nvfp4_no_rht`, `Recipe.nvfp4_no_sr`,
+    `Recipe.nvfp4_no_2d`, and `with_bf16_forward` for the end-of-training switch.
+
+    Example:
+      >>> import fp4jax
+      >>> r = fp4jax.Recipe.nvfp4()
+      >>> r.dgrad_grad.rounding, r.fprop_rhs.block_2d, r.wgrad_lhs.hadamard
+      ('stochastic', True, True)
+      >>> r.with_bf16_forward().fprop_lhs.format
+      'bf16'
+    """
+
+    fprop_lhs: Operand
+    fprop_rhs: Operand
+    dgrad_grad: Operand
+    dgrad_rhs: Operand
+    wgrad_lhs: Operand
+    wgrad_grad: Operand
+    hadamard_signs: tuple[int, ...] = hadamard.DEFAULT_SIGNS
+
+    def __post_init__(self):
+        for gemm, a, b in _GEMMS:
+            oa, ob = getattr(self, a), getattr(self, b)
+            for name, o in ((a, oa), (b, ob)):
+                if not isinstance(o, Operand):
+                    raise TypeError(f"{name} must be an fp4jax.Operand, got {type(o).__name__}")
+            if oa.quantized != ob.quantized:
+                raise ValueError(
+                    f"{gemm}: {a} is {oa.format} but {b} is {ob.format}; both operands of a "
+                    "GEMM must be nvfp4 or both bf16"
+                )
+            if oa.hadamard != ob.hadamard:
+                raise ValueError(
+                    f"{gemm}: the Hadamard transform must be applied to both operands "
+                    f"({a}.hadamard={oa.hadamard}, {b}.hadamard={ob.hadamard}); on one alone "
+                    "it changes the product"
+                )
+        object.__setattr__(self, "hadamard_signs", hadamard.check_signs(self.hadamard_signs))
+
+    def operands(self) -> Iterator[tuple[str, Operand]]:
+        """(role name, `Operand`) for the six GEMM operands."""
+        for _, a, b in _GEMMS:
+            yield a, getattr(self, a)
+            yield b, getattr(self, b)
+
+    @property
+    def is_bf16(self) -> bool:
+        """True when no operand is quantized (the recipe is an exact passthrough)."""
+        return not any(o.quantized for _, o in self.operands())
+
+    @property
+    def needs_key(self) -> bool:
+        """True when some operand uses stochastic rounding."""
+        return any(o.stochastic for _, o in self.operands())
+
+    def replace(self, **changes) -> "Recipe":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_bf16_forward(self) -> "Recipe":
+        """The same recipe with the fprop GEMM in BF16 (RECIPE.md §8)."""
+        return self.replace(fprop_lhs=BF16, fprop_rhs=BF16)
+
+    def with_bf16_backward(self) -> "Recipe":
+        """The same recipe with the dgrad and wgrad GEMMs in BF16."""
+        return self.replace(dgrad_grad=BF16, dgrad_rhs=BF16, wgrad_lhs=BF16, wgrad_grad=BF16)
+
+    @classmethod
+    def nvfp4(cls) -> "Recipe":
+        """The paper's recipe (RECIPE.md §6).
+
+        fprop: X 1D RNE, W 2D RNE; dgrad: dY 1D SR, W the same 2D quantization;
+        wgrad: X and dY with RHT along tokens, X RNE, dY SR.
+        """
+        w = Operand(block_2d=True)
+        return cls(
+            fprop_lhs=Operand(),
+            fprop_rhs=w,
+            dgrad_grad=Operand(rounding="stochastic"),
+            dgrad_rhs=w,
+            wgrad_lhs=Operand(hadamard=True),
+            wgrad_grad=Operand(rounding="stochastic", hadamard=True),
+        )
+
+    @classmethod
+    def bf16(cls) -> "Recipe":
+        """No quantization: `fp4jax.dot_general` equals `jax.lax.dot_general` exactly."""
+        return cls(
+            fprop_lhs=BF16, fprop_rhs=BF16, dgrad_grad=BF16, dgrad_rhs=BF16,
+            wgrad_lhs=BF16, wgrad_grad=BF16,
+        )
+
+    @classmethod
+    def nvfp4_no_rht(cls) -> "Recipe":
+        """Ablation: the paper's recipe without the wgrad Hadamard transform."""
+        r = cls.nvfp4()
+        return r.replace(
+            wgrad_lhs=Operand(), wgrad_grad=Operand(rounding="stochastic")
+        )
+
+    @classmethod
+    def nvfp4_no_sr(cls) -> "Recipe":
+        """Ablation: the paper's recipe with round-to-nearest gradients."""
+        r = cls.nvfp4()
+        return r.replace(dgrad_grad=Operand(), wgrad_grad=Operand(hadamard=True))
+
+    @classmethod
+    def nvfp4_no_2d(cls) -> "Recipe":
+        """Ablation: weights in 1D blocks (quantized separately along K and along N)."""
+        return cls.nvfp4().replace(fprop_rhs=Operand(), dgrad_rhs=Operand())
