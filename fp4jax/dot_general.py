@@ -203,6 +203,8 @@ def _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl):
 
 
 _dot_general.defvjp(_fwd, _bwd)
+# Jitted so that eager calls run one compiled program instead of op-by-op dispatch.
+_dot_general_jit = jax.jit(_dot_general, static_argnums=(3, 4, 5, 6, 7))
 
 
 def dot_general(
@@ -296,7 +298,7 @@ def dot_general(
         jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32
     ):
         raise TypeError(f"key must be a jax.random key, got an array of dtype {key.dtype}")
-    y = _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)
+    y = _dot_general_jit(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)
     if out_sharding is not None:
         y = jax.lax.with_sharding_constraint(y, out_sharding)
     return y

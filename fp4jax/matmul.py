@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -86,6 +87,11 @@ def matmul(
     check_operands(lhs, rhs)
     if impl != "xla":
         raise ValueError(f"impl must be 'xla', got {impl!r}")
+    return _matmul_xla(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def _matmul_xla(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
     a = quantize_lib.scaled_codes_bf16(lhs)
     b = quantize_lib.scaled_codes_bf16(rhs)
     nd = lhs.ndim
@@ -93,4 +99,4 @@ def matmul(
     acc = lax.dot_general(
         a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32
     )
-    return (acc * output_scale(lhs, rhs)).astype(preferred_element_type)
+    return (acc * output_scale(lhs, rhs)).astype(out_dtype)

@@ -9,6 +9,7 @@ kernels are tested against this module.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -139,19 +140,40 @@ def quantize(
         raise ValueError("hadamard=True and block_2d=True cannot be combined")
     if hadamard_signs is not None and not hadamard:
         raise ValueError("hadamard_signs given but hadamard=False")
+    if block_2d:
+        formats.tile_axis_for(axis, x.ndim)  # validates the tile placement
+    if hadamard:
+        hadamard_signs = hadamard_lib.check_signs(hadamard_signs)
+        if x.shape[axis] % BLOCK:
+            raise ValueError(
+                f"hadamard=True needs the length of axis {axis} to be a multiple of 16 "
+                f"(the rotation would mix padding into values); got shape {x.shape}"
+            )
+    if key is not None:
+        random_bits.key_words(key)  # validates
+    if amax is not None:
+        amax = _check_amax(amax)
+    return _quantize(
+        x, key if rounding == "stochastic" else None, amax, axis=axis, block_2d=bool(block_2d),
+        rounding=rounding, hadamard=bool(hadamard), signs=hadamard_signs,
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("axis", "block_2d", "rounding", "hadamard", "signs")
+)
+def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVFP4Array:
+    dtype = x.dtype
     tile_axis = formats.tile_axis_for(axis, x.ndim) if block_2d else None
     n = x.shape[axis]
-
     xf = x.astype(_F32)
     if hadamard:
-        xf = hadamard_lib.rht(xf, axis, hadamard_signs, round_to=dtype)
+        xf = hadamard_lib.rht(xf, axis, signs, round_to=dtype)
     padded = formats.num_blocks(n) * BLOCK
     xf = _pad_axis(xf, axis, padded)
 
     if amax is None:
         amax = jnp.max(jnp.abs(xf))
-    else:
-        amax = _check_amax(amax)
     amax = jnp.where(jnp.isfinite(amax), amax, jnp.nan).astype(_F32)
     ges = global_encode_scale(amax)
     gds = np.float32(1.0) / ges
@@ -195,8 +217,8 @@ def quantize(
         shape=tuple(x.shape),
         dtype=dtype,
         axis=axis,
-        block_2d=bool(block_2d),
-        hadamard=bool(hadamard),
+        block_2d=block_2d,
+        hadamard=hadamard,
     )
 
 
@@ -225,6 +247,11 @@ def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"dequantize needs a floating output dtype, got {dtype}")
+    return _dequantize(q, dtype=dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _dequantize(q: NVFP4Array, *, dtype) -> jax.Array:
     vals = formats.e2m1_to_f32(formats.unpack_codes(q.data, q.axis))
     factor = (formats.e4m3_to_f32(q.scales) * q.amax) * _INV_2688
     factor = jnp.repeat(factor, BLOCK, axis=q.axis)

@@ -1,0 +1,96 @@
+"""An independent NumPy transcription of RECIPE.md §2–§3 (Transformer Engine's reference).
+
+Written separately from fp4jax (NumPy float32 arithmetic, ml_dtypes for the E4M3
+cast, explicit E2M1 comparison table), so that agreement with it checks fp4jax's
+formulas, not just fp4jax against itself. 2D inputs, blocks along the last axis.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+F32 = np.float32
+FLT_MAX = F32(np.finfo(np.float32).max)
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6], F32)
+
+
+def e2m1_codes_nearest(v: np.ndarray) -> np.ndarray:
+    """Transformer Engine's comparison table (cast_to_fp4x2), in NumPy."""
+    r = np.zeros(v.shape, np.uint8)
+    r[(v >= 0.0) & (v <= 0.25)] = 0
+    r[(v > 0.25) & (v < 0.75)] = 1
+    r[(v >= 0.75) & (v <= 1.25)] = 2
+    r[(v > 1.25) & (v < 1.75)] = 3
+    r[(v >= 1.75) & (v <= 2.5)] = 4
+    r[(v > 2.5) & (v < 3.5)] = 5
+    r[(v >= 3.5) & (v <= 5.0)] = 6
+    r[v > 5.0] = 7
+    r[(v >= -0.25) & (v < -0.0)] = 8
+    r[(v < -0.25) & (v > -0.75)] = 9
+    r[(v <= -0.75) & (v >= -1.25)] = 10
+    r[(v < -1.25) & (v > -1.75)] = 11
+    r[(v <= -1.75) & (v >= -2.5)] = 12
+    r[(v < -2.5) & (v > -3.5)] = 13
+    r[(v <= -3.5) & (v >= -5.0)] = 14
+    r[v < -5.0] = 15
+    return r
+
+
+def e2m1_codes_stochastic(v: np.ndarray, u24: np.ndarray) -> np.ndarray:
+    """Stochastic rounding with given 24-bit uniforms: up iff u < frac * 2**24."""
+    grid = np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float64)
+    a = np.abs(v.astype(np.float64))
+    lo_i = np.searchsorted(grid, a, side="right") - 1
+    lo_i = np.clip(lo_i, 0, 7)
+    hi_i = np.minimum(lo_i + 1, 7)
+    lo, hi = grid[lo_i], grid[hi_i]
+    frac = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1), 0.0)
+    up = u24.astype(np.float64) < frac * 2.0**24
+    m = np.where(up, hi_i, lo_i).astype(np.uint8)
+    return m | np.where(v < 0, 8, 0).astype(np.uint8)
+
+
+def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u24: np.ndarray | None = None):
+    """Quantizes a 2D array along its last axis (length a multiple of 16).
+
+    Returns (codes uint8 (M, K), scales float32 (M, K/16) per 1x16 block,
+    amax float32, dequantized float32 (M, K)).
+    """
+    x = np.asarray(x).astype(F32)
+    m, k = x.shape
+    assert k % 16 == 0 and (not block_2d or m % 16 == 0)
+    amax = F32(np.max(np.abs(x)))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        ges = np.minimum(F32(2688.0) / amax, FLT_MAX).astype(F32)
+        if amax == 0 or ges == 0:
+            ges = F32(1.0)
+        gds = (F32(1.0) / ges).astype(F32)
+        blocks = x.reshape(m, k // 16, 16)
+        if block_2d:
+            t = np.abs(x).reshape(m // 16, 16, k // 16, 16).max(axis=(1, 3))
+            bamax = np.repeat(t, 16, axis=0)
+        else:
+            bamax = np.abs(blocks).max(axis=-1)
+        mult = (ges * (F32(1.0) / F32(6.0))).astype(F32)
+        d = np.minimum((bamax * mult).astype(F32), F32(448.0))
+        s = d.astype(ml_dtypes.float8_e4m3fn).astype(F32)
+        enc = np.minimum((F32(1.0) / (s * gds).astype(F32)).astype(F32), FLT_MAX)
+        v = np.clip((blocks * enc[..., None]).astype(F32), F32(-6.0), F32(6.0)).reshape(m, k)
+    if u24 is None:
+        codes = e2m1_codes_nearest(v)
+    else:
+        codes = e2m1_codes_stochastic(v, u24)
+    factor = ((s * amax).astype(F32) * (F32(1.0) / F32(2688.0))).astype(F32)
+    deq = (E2M1[codes] * np.repeat(factor, 16, axis=1)).astype(F32)
+    return codes, s, amax, deq
+
+
+def rht_exact(x: np.ndarray, signs) -> np.ndarray:
+    """Exact (float64) 16x16 RHT along the last axis."""
+    h = np.ones((1, 1))
+    while h.shape[0] < 16:
+        h = np.block([[h, h], [h, -h]])
+    t = (np.asarray(signs, np.float64)[:, None] * h) / 4.0
+    x = np.asarray(x, np.float64)
+    return (x.reshape(*x.shape[:-1], -1, 16) @ t).reshape(x.shape)
