@@ -38,13 +38,17 @@ def global_encode_scale(amax: jax.Array) -> jax.Array:
     NaN ``amax`` gives NaN (non-finite inputs poison the whole tensor).
     """
     amax = jnp.asarray(amax, _F32)
-    ges = jnp.minimum(np.float32(2688.0) / amax, _FLT_MAX)
-    return jnp.where((amax == 0) | (ges == 0), np.float32(1.0), ges)
+    finite = jnp.isfinite(amax)
+    safe = jnp.where(finite, jnp.abs(amax), np.float32(1.0))
+    ges = jnp.minimum(rnd.div_rn(np.float32(2688.0), safe), _FLT_MAX)
+    ges = jnp.where((safe == 0) | (ges == 0), np.float32(1.0), ges)
+    return jnp.where(finite, ges, np.float32(np.nan))
 
 
 def global_decode_scale(amax: jax.Array) -> jax.Array:
     """``gds = fl(1 / ges)``: the factor an NVFP4 GEMM applies per operand."""
-    return np.float32(1.0) / global_encode_scale(amax)
+    ges = global_encode_scale(amax)
+    return jnp.where(jnp.isnan(ges), ges, rnd.div_rn(np.float32(1.0), jnp.where(jnp.isnan(ges), 1, ges)))
 
 
 def _canonical_perm(ndim: int, axis: int, tile_axis: int | None) -> tuple[int, ...]:
@@ -172,11 +176,19 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     padded = formats.num_blocks(n) * BLOCK
     xf = _pad_axis(xf, axis, padded)
 
-    if amax is None:
-        amax = jnp.max(jnp.abs(xf))
-    amax = jnp.where(jnp.isfinite(amax), amax, jnp.nan).astype(_F32)
-    ges = global_encode_scale(amax)
-    gds = np.float32(1.0) / ges
+    # Non-finite inputs poison the stored amax (so every decoded value is NaN), while
+    # codes and scales are computed from the finite values only: their bits never depend
+    # on a backend's NaN semantics for min/max.
+    finite = jnp.isfinite(xf)
+    xf = jnp.where(finite, xf, np.float32(0.0))
+    amax_x = jnp.max(jnp.abs(xf))
+    poisoned = ~jnp.all(finite)
+    if amax is not None:
+        poisoned = poisoned | ~jnp.isfinite(amax)
+        amax_x = jnp.where(jnp.isfinite(amax), amax, amax_x)
+    ges = global_encode_scale(amax_x)
+    gds = rnd.div_rn(np.float32(1.0), ges)
+    amax = jnp.where(poisoned, np.float32(np.nan), amax_x).astype(_F32)
 
     perm = _canonical_perm(x.ndim, axis, tile_axis)
     inv = tuple(int(i) for i in np.argsort(perm))
@@ -198,7 +210,7 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     d = jnp.minimum(bamax * (ges * _INV_6), np.float32(formats.E4M3_MAX))
     s = rnd.round_to_e4m3(d)  # float32 holding the exact E4M3 block decode scale
     s_el = jnp.repeat(s, BLOCK, axis=-2)[..., : lead[-1], :] if block_2d else s
-    enc = jnp.minimum(np.float32(1.0) / (s_el * gds), _FLT_MAX)
+    enc = jnp.minimum(rnd.div_rn(np.float32(1.0), s_el * gds), _FLT_MAX)
     v = jnp.clip(blocks * enc[..., None], -6.0, 6.0)
     a = jnp.abs(v)
     if rounding == "nearest":

@@ -46,7 +46,78 @@ def round_to_format(x: jax.Array, mantissa_bits: int, min_normal_exp: int) -> ja
     exp = ((_bits(x) >> 23) & 0xFF).astype(jnp.int32) - 127
     e = jnp.maximum(exp, min_normal_exp)
     q = _from_bits(((e - mantissa_bits + 127) << 23).astype(_U32))
-    return lax.round(x / q, lax.RoundingMethod.TO_NEAREST_EVEN) * q
+    inv_q = _from_bits(((mantissa_bits - e + 127) << 23).astype(_U32))  # exact 1/q
+    return lax.round(x * inv_q, lax.RoundingMethod.TO_NEAREST_EVEN) * q
+
+
+def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Correctly rounded float32 ``a / b`` for ``a >= 0``, ``b >= 0``, computed with integers.
+
+    GPU compilers may lower float division to an approximate reciprocal (an ulp off),
+    which flips E4M3 scale roundings. This division is exact to the last bit on every
+    backend: significands are divided by 8-bit long division in uint32, then rounded to
+    nearest-even (subnormal results and overflow to ``inf`` included). ``b == 0`` gives
+    ``inf`` (``a > 0``); ``a == 0`` gives 0. Inputs must be finite and non-negative.
+
+    Mathematically equivalent to::
+
+      np.float32(a) / np.float32(b)
+    """
+    a = jnp.asarray(a, jnp.float32)
+    b = jnp.asarray(b, jnp.float32)
+    a, b = jnp.broadcast_arrays(a, b)
+    i32 = jnp.int32
+
+    def unpack(x):
+        bits = _bits(x)
+        e = ((bits >> 23) & 0xFF).astype(i32)
+        m = bits & _U32(0x7FFFFF)
+        # Normalize subnormals so the significand is in [2**23, 2**24).
+        shift = jnp.where(e == 0, lax.clz(jnp.maximum(m, _U32(1))).astype(i32) - 8, 0)
+        m = jnp.where(e == 0, m << shift.astype(_U32), m | _U32(0x800000))
+        return jnp.where(e == 0, 1 - shift, e), m
+
+    ea, ma = unpack(a)
+    eb, mb = unpack(b)
+    mb = jnp.maximum(mb, _U32(1))
+    # Q = floor(ma * 2**25 / mb) by long division: 1 integer bit, then 8 + 8 + 8 + 1 bits.
+    q = ma // mb
+    r = ma - q * mb
+    for width in (8, 8, 8, 1):
+        r = r << width
+        d = r // mb
+        r = r - d * mb
+        q = (q << width) | d
+    sticky = r != 0
+    big = q >= _U32(1 << 25)  # ma / mb in [1, 2)
+    sig = jnp.where(big, q >> 2, q >> 1)  # 24 significant bits
+    rb = jnp.where(big, (q >> 1) & 1, q & 1)
+    sticky = sticky | (big & ((q & 1) != 0))
+    e = ea - eb + 127 - jnp.where(big, 0, 1)  # biased exponent of the result
+
+    # Normal result: round to nearest even.
+    up = (rb == 1) & (sticky | ((sig & 1) == 1))
+    sig_n = sig + up.astype(_U32)
+    carry = sig_n >= _U32(1 << 24)
+    e_n = e + carry.astype(i32)
+    sig_n = jnp.where(carry, sig_n >> 1, sig_n)
+    normal_bits = (jnp.clip(e_n, 1, 254).astype(_U32) << 23) | (sig_n & _U32(0x7FFFFF))
+    normal_bits = jnp.where(e_n >= 255, _U32(0x7F800000), normal_bits)
+
+    # Subnormal result: value = ext * 2**(e - 2 - 149 + 127 ...), i.e. shift ext right by 2 - e.
+    ext = (sig << 1) | rb
+    t = jnp.clip(2 - e, 1, 31).astype(_U32)
+    kept = ext >> t
+    rem = ext & ((_U32(1) << t) - 1)
+    half = _U32(1) << (t - 1)
+    sub_up = (rem > half) | ((rem == half) & (sticky | ((kept & 1) == 1)))
+    sub_bits = jnp.where(2 - e >= 32, _U32(0), kept + sub_up.astype(_U32))
+
+    bits = jnp.where(e >= 1, normal_bits, sub_bits)
+    # Zero tests on the bits: XLA on CPU flushes subnormals to zero in float compares.
+    bits = jnp.where((_bits(b) & _U32(0x7FFFFFFF)) == 0, _U32(0x7F800000), bits)
+    bits = jnp.where((_bits(a) & _U32(0x7FFFFFFF)) == 0, _U32(0), bits)
+    return _from_bits(bits)
 
 
 def round_to_e4m3(x: jax.Array) -> jax.Array:
@@ -132,7 +203,8 @@ def e2m1_code_stochastic(a: jax.Array, u24: jax.Array) -> jax.Array:
       u24: uint32 uniform random integers in ``[0, 2**24)``, one per element.
     """
     h = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
-    lo = jnp.floor(a / h) * h
-    frac = (a - lo) / h
+    inv_h = jnp.where(a < 2.0, 2.0, jnp.where(a < 4.0, 1.0, 0.5)).astype(jnp.float32)
+    lo = jnp.floor(a * inv_h) * h  # products with powers of two: exact
+    frac = (a - lo) * inv_h
     up = u24.astype(jnp.float32) < frac * 16777216.0
     return e2m1_code_of_grid_value(jnp.where(up, lo + h, lo))
