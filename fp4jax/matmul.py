@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp4jax import native
 from fp4jax import quantize as quantize_lib
 from fp4jax.formats import NVFP4Array
 
@@ -68,7 +69,9 @@ def matmul(
       lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
-      impl: ``"xla"``: decode to BF16 in HBM and use XLA's dot.
+      impl: ``"xla"``: decode to BF16 in HBM and use XLA's dot (exact emulation);
+        ``"native"``: the block-scaled GEMM of `jax.nn.scaled_matmul` (cuDNN on
+        Blackwell; untested there, see `fp4jax.native`).
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -85,9 +88,17 @@ def matmul(
       (8, 4)
     """
     check_operands(lhs, rhs)
-    if impl != "xla":
-        raise ValueError(f"impl must be 'xla', got {impl!r}")
-    return _matmul_xla(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
+    out_dtype = jnp.dtype(preferred_element_type)
+    if impl == "xla":
+        return _matmul_xla(lhs, rhs, out_dtype=out_dtype)
+    if impl == "native":
+        return _matmul_native(lhs, rhs, out_dtype=out_dtype)
+    raise ValueError(f"impl must be 'xla' or 'native', got {impl!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def _matmul_native(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
+    return native.matmul_native(lhs, rhs, out_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype",))
