@@ -1,0 +1,252 @@
+"""fp4jax on the GPU: quantize bandwidth, NVFP4 GEMM throughput, linear layer fwd+bwd.
+
+One run, side by side in one process, median of many warm device-synchronized runs:
+
+  (a) quantize 8192x8192 BF16 -> NVFP4 (1D RNE; two-output RHT+SR): Pallas vs the
+      XLA path vs jax.nn's nvfp4 quantization, as a fraction of the HBM copy
+      bandwidth measured in the same run;
+  (b) NVFP4 GEMM at 4096^3, 8192^3 and 16x8192x8192: Pallas vs XLA dequantize+dot
+      vs jax.nn.scaled_dot_general (nvfp4) vs BF16 jnp.dot, in TFLOP/s;
+  (c) a linear layer fwd+bwd (8192 tokens, 8192 -> 8192, full recipe) vs BF16, with
+      bytes saved for backward; beside it jax.nn.scaled_dot_general (nvfp4) and
+      qwix's nvfp4 quantized training when importable.
+
+Usage (GPU machine, repo root):  PYTHONPATH=. python3 benchmarks/bench_nvfp4.py --out DIR
+Writes DIR/bench_nvfp4.json and prints Markdown tables (pasted into docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fp4jax
+from benchmarks.timing import environment, time_fn
+
+Q = sys.modules["fp4jax.quantize"]
+LINEAR = (((1,), (0,)), ((), ()))
+
+
+def _try(fn):
+    """Runs a benchmark entry; returns its result or the error text (never hides it)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        traceback.print_exc()
+        return f"error: {type(e).__name__}: {str(e)[:160]}"
+
+
+def _entry(res: dict, name: str, measure) -> None:
+    """Stores ``measure()``'s dict under ``name``, or the error text if it failed."""
+    r = _try(measure)
+    res[name] = r
+
+
+def _kernels():
+    try:
+        from pallas_kernels import matmul as kmat
+    except Exception:  # noqa: BLE001
+        kmat = None
+    try:
+        from pallas_kernels import quantize as kq
+    except Exception:  # noqa: BLE001
+        kq = None
+    return kq, kmat
+
+
+def bench_quantize(n: int, iters: int) -> dict:
+    kq, _ = _kernels()
+    keys = jax.random.split(jax.random.key(0), 3)
+    xs = [jax.random.normal(k, (n, n), jnp.bfloat16) for k in keys[:2]]
+    res = {}
+    copy = jax.jit(lambda x: jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(x, jnp.uint16) ^ jnp.uint16(1), jnp.bfloat16))
+    t = time_fn(copy, [(x,) for x in xs], iters=iters)
+    res["copy_tb_s"] = 2 * xs[0].nbytes / t / 1e12
+    in_bytes = xs[0].nbytes
+    out_1d = n * n // 2 + n * n // 16 + 4
+
+    def entry(name, fn, args, out_bytes):
+        def measure():
+            t = time_fn(fn, args, iters=iters)
+            bw = (in_bytes + out_bytes) / t / 1e12
+            return {"ms": t * 1e3, "tb_s": bw, "frac_of_copy": bw / res["copy_tb_s"]}
+        _entry(res, name, measure)
+
+    args = [(x,) for x in xs]
+    entry("xla_1d_rne", jax.jit(lambda x: fp4jax.quantize(x)), args, out_1d)
+    cfg = jax.nn.get_scaled_dot_general_config("nvfp4")
+    entry("jax_nn_1d", jax.jit(lambda x: Q_jax_nn(x, cfg)), args, out_1d)
+    two = lambda x, k: (  # noqa: E731
+        fp4jax.quantize(x, axis=1, rounding="stochastic", key=jax.random.fold_in(k, 2)),
+        fp4jax.quantize(x, axis=0, hadamard=True, rounding="stochastic",
+                        key=jax.random.fold_in(k, 5)))
+    args_k = [(x, keys[2]) for x in xs]
+    entry("xla_two_output_rht_sr", jax.jit(two), args_k, 2 * out_1d)
+    if kq is not None:
+        entry("pallas_1d_rne", jax.jit(lambda x: kq.quantize(x)), args, out_1d)
+        entry("pallas_two_output_rht_sr", jax.jit(lambda x, k: kq.quantize_rowwise_columnwise(
+            x, rounding="stochastic", row_key=jax.random.fold_in(k, 2),
+            col_key=jax.random.fold_in(k, 5))), args_k, 2 * out_1d)
+    return res
+
+
+def Q_jax_nn(x, cfg):  # noqa: N802 - jax.nn's own nvfp4 quantizer (the peer a user would try)
+    from jax._src.cudnn import scaled_matmul_stablehlo as smh
+    return smh.quantize(x[None], cfg)
+
+
+def bench_gemm(shapes, iters: int) -> dict:
+    _, kmat = _kernels()
+    res = {}
+    for m, k, n in shapes:
+        keys = jax.random.split(jax.random.key(m + k + n), 4)
+        a = [jax.random.normal(kk, (m, k), jnp.bfloat16) for kk in keys[:2]]
+        b = [jax.random.normal(kk, (k, n), jnp.bfloat16) for kk in keys[2:]]
+        qa = [fp4jax.quantize(x) for x in a]
+        qb = [fp4jax.quantize(x, axis=0, block_2d=True) for x in b]
+        flops = 2 * m * k * n
+        row = {}
+
+        def entry(name, fn, args):
+            def measure():
+                t = time_fn(fn, args, iters=iters)
+                return {"ms": t * 1e3, "tflops": flops / t / 1e12}
+            _entry(row, name, measure)
+
+        entry("bf16_jnp_dot", jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16)),
+              list(zip(a, b)))
+        entry("xla_dequant_dot", jax.jit(lambda x, y: fp4jax.matmul(
+            x, y, preferred_element_type=jnp.bfloat16, impl="xla")), list(zip(qa, qb)))
+        cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
+        entry("jax_nn_scaled_dot_general", jax.jit(
+            lambda x, y: jax.nn.scaled_dot_general(
+                x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16,
+                configs=cfgs)), list(zip(a, b)))
+        if kmat is not None:
+            entry("pallas", jax.jit(lambda x, y: kmat.matmul(
+                x, y, preferred_element_type=jnp.bfloat16)), list(zip(qa, qb)))
+        res[f"{m}x{k}x{n}"] = row
+    return res
+
+
+def bench_layer(tokens: int, k: int, n: int, iters: int) -> dict:
+    keys = jax.random.split(jax.random.key(7), 4)
+    x = jax.random.normal(keys[0], (tokens, k), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (k, n)) / np.sqrt(k)).astype(jnp.bfloat16)
+    ct = jax.random.normal(keys[2], (tokens, n), jnp.bfloat16)
+    args = [(x, w, ct, keys[3]), (x * 0.5, w, ct, keys[2])]
+
+    def layer(dg):
+        def f(x, w, ct, key):
+            y, vjp = jax.vjp(lambda x, w: dg(x, w, key), x, w)
+            return y, *vjp(ct)
+        return jax.jit(f)
+
+    res = {}
+    res["bf16_ms"] = 1e3 * time_fn(layer(lambda x, w, key: jax.lax.dot_general(x, w, LINEAR)),
+                                   args, iters=iters)
+    impls = ["xla"] + (["pallas", "auto"] if _kernels()[1] is not None else [])
+    for impl in impls:
+        dg = lambda x, w, key, impl=impl: fp4jax.dot_general(  # noqa: E731
+            x, w, LINEAR, key=key, impl=impl)
+        r = _try(lambda dg=dg: 1e3 * time_fn(layer(dg), args, iters=iters))
+        res[f"fp4jax_{impl}_ms"] = r
+        if isinstance(r, float):
+            res[f"fp4jax_{impl}_ratio"] = r / res["bf16_ms"]
+        _, vjp = jax.vjp(lambda x, w, dg=dg: dg(x, w, keys[3]), x, w)
+        res[f"fp4jax_{impl}_saved_bytes"] = int(sum(
+            l.nbytes for l in jax.tree_util.tree_leaves(vjp) if hasattr(l, "nbytes")))
+    res["bf16_saved_bytes"] = int(x.nbytes + w.nbytes)
+    cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
+    res["jax_nn_scaled_dot_general_ms"] = _try(lambda: 1e3 * time_fn(layer(
+        lambda x, w, key: jax.nn.scaled_dot_general(
+            x, w, LINEAR, preferred_element_type=jnp.bfloat16, configs=cfgs)), args, iters=iters))
+    res["qwix_nvfp4_qt_ms"] = _try(lambda: _qwix_layer(x, w, ct, iters))
+    return res
+
+
+def _qwix_layer(x, w, ct, iters):
+    import qwix
+    from flax import nnx
+
+    model = nnx.Linear(w.shape[0], w.shape[1], use_bias=False, dtype=jnp.bfloat16,
+                       param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    model.kernel.value = w
+    rule = qwix.QtRule(module_path=".*", weight_qtype="nvfp4", act_qtype="nvfp4",
+                       bwd_qtype="nvfp4", tile_size=16,
+                       additional_qt_config={"dlhs_tile_size": 16, "drhs_tile_size": 16})
+    qmodel = qwix.quantize_model(model, qwix.QtProvider([rule]), x)
+    graphdef, state = nnx.split(qmodel)
+
+    @jax.jit
+    def f(state, x, ct):
+        def fwd(state, x):
+            return nnx.merge(graphdef, state)(x)
+        y, vjp = jax.vjp(fwd, state, x)
+        return y, *vjp(ct)
+
+    return 1e3 * time_fn(f, [(state, x, ct), (state, x * 0.5, ct)], iters=iters)
+
+
+def _fmt(v, key):
+    if isinstance(v, dict) and key in v:
+        return f"{v[key]:.3f}" if key != "frac_of_copy" else f"{100 * v[key]:.0f}%"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return "n/a" if v is None else str(v)[:60]
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", default=None)
+    p.add_argument("--skip", default="", help="comma list of a,b,c to skip")
+    a = p.parse_args(argv)
+    skip = set(a.skip.split(","))
+    out = {"env": environment(), "command": " ".join(["python3"] + sys.argv)}
+    if "a" not in skip:
+        out["quantize"] = bench_quantize(a.n, a.iters)
+    if "b" not in skip:
+        out["gemm"] = bench_gemm([(4096, 4096, 4096), (a.n, a.n, a.n), (16, a.n, a.n)], a.iters)
+    if "c" not in skip:
+        out["layer"] = bench_layer(a.n, a.n, a.n, max(10, a.iters // 2))
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "bench_nvfp4.json"), "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    e = out["env"]
+    print(f"\n{e['device']}, jax {e['jax']}, {e['date']}")
+    if "quantize" in out:
+        qd = out["quantize"]
+        print(f"\n(a) quantize {a.n}x{a.n} bf16; HBM copy {qd['copy_tb_s']:.2f} TB/s")
+        print("| variant | ms | TB/s | of copy BW |\n|---|---|---|---|")
+        for k, v in qd.items():
+            if k != "copy_tb_s":
+                print(f"| {k} | {_fmt(v, 'ms')} | {_fmt(v, 'tb_s')} | {_fmt(v, 'frac_of_copy')} |")
+    if "gemm" in out:
+        print("\n(b) GEMM TFLOP/s (ms)\n| shape | " + " | ".join(
+            ["bf16_jnp_dot", "xla_dequant_dot", "jax_nn_scaled_dot_general", "pallas"]) + " |")
+        print("|---|---|---|---|---|")
+        for shape, row in out["gemm"].items():
+            cells = [f"{_fmt(row.get(k), 'tflops')} ({_fmt(row.get(k), 'ms')})" for k in
+                     ("bf16_jnp_dot", "xla_dequant_dot", "jax_nn_scaled_dot_general", "pallas")]
+            print(f"| {shape} | " + " | ".join(cells) + " |")
+    if "layer" in out:
+        print("\n(c) linear layer fwd+bwd")
+        for k, v in out["layer"].items():
+            print(f"| {k} | {_fmt(v, '')} |")
+    return out
+
+
+if __name__ == "__main__":
+    main()
