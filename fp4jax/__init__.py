@@ -15,3 +15,6 @@ from fp4jax.recipe import Operand as Operand
 from fp4jax.recipe import Recipe as Recipe
 
 __version__ = "0.1.0"
+from fp4jax import flax as flax  # noqa: E402  (nnx/linen adapters, policies, step_scope)
+from fp4jax import diagnostics as diagnostics  # noqa: E402
+from fp4jax import train as train  # noqa: E402  (fp4jax.checkpoint: import it explicitly; orbax)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp4jax import dispatch
 from fp4jax import formats
 from fp4jax import matmul as matmul_lib
 from fp4jax import quantize as quantize_lib
@@ -125,24 +126,100 @@ def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
     return jnp.pad(x, widths) if widths[axis][1] else x
 
 
-def _quantize(x, axis: int, op: Operand, key, role: str, recipe: Recipe) -> NVFP4Array:
+def _kernel_or_xla(impl: str, kernel_call, xla_call, auto_ok: bool = True):
+    """Runs the Pallas kernel for impl 'pallas'; 'auto-pallas' uses it where ``auto_ok``
+    (measured faster and verified) and falls back to the XLA path when the kernel does
+    not take the shape/dtype (its ValueError)."""
+    if impl == "pallas" or (impl == "auto-pallas" and auto_ok):
+        try:
+            return kernel_call()
+        except ValueError:
+            if impl == "pallas":
+                raise
+    return xla_call()
+
+
+def _role_key(key, op: Operand, role: str):
+    return None if not op.stochastic else jax.random.fold_in(key, _ROLE_IDS[role])
+
+
+def _quantize(x, axis: int, op: Operand, key, role: str, recipe: Recipe,
+              impl: str = "xla") -> NVFP4Array:
     if op.hadamard:  # the rotation needs whole 16-runs
         x = _pad_to_block(x, axis)
-    return quantize_lib.quantize(
-        x,
+    kw = dict(
         axis=axis,
         block_2d=op.block_2d,
         rounding=op.rounding,
-        key=None if not op.stochastic else jax.random.fold_in(key, _ROLE_IDS[role]),
+        key=_role_key(key, op, role),
         hadamard=op.hadamard,
         hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
     )
 
+    def kernel():
+        from pallas_kernels import quantize as kq
+        return kq.quantize(x, **kw)
 
-def _bmm(a, b, precision, impl: str) -> jax.Array:
+    auto_ok = dispatch.auto_uses_quantize_kernel(
+        columnwise=axis != x.ndim - 1, stochastic=op.stochastic)
+    return _kernel_or_xla(impl, kernel, lambda: quantize_lib.quantize(x, **kw), auto_ok)
+
+
+def _with_batch(q: NVFP4Array) -> NVFP4Array:
+    """A (M, X) NVFP4Array viewed as (1, M, X)."""
+    return NVFP4Array(data=q.data[None], scales=q.scales[None], amax=q.amax,
+                      shape=(1,) + q.shape, dtype=q.dtype, axis=q.axis + 1,
+                      block_2d=q.block_2d, hadamard=q.hadamard)
+
+
+def _quantize_row_and_col(x, row_op: Operand, col_op: Operand, key, row_role: str,
+                          col_role: str, recipe: Recipe, impl: str):
+    """The rowwise (along the last axis) and columnwise (along tokens) copies of a
+    canonical (B, M, X) tensor; one read of x with the two-output kernel when it
+    applies (B == 1, 1D rowwise, Hadamard columnwise, one rounding)."""
+    fusable = (
+        x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard
+        and col_op.hadamard and row_op.rounding == col_op.rounding
+    )
+
+    def kernel():
+        if not fusable:
+            raise ValueError("not a two-output pattern")
+        from pallas_kernels import quantize as kq
+        xp = _pad_to_block(x, 1)
+        r, c = kq.quantize_rowwise_columnwise(
+            xp[0], rounding=row_op.rounding, row_key=_role_key(key, row_op, row_role),
+            col_key=_role_key(key, col_op, col_role), hadamard_signs=recipe.hadamard_signs)
+        if xp.shape[1] != x.shape[1]:  # the rowwise copy of the unpadded rows
+            r = _quantize(x, 2, row_op, key, row_role, recipe, "xla")
+            return r, _with_batch(c)
+        return _with_batch(r), _with_batch(c)
+
+    def separate():
+        return (_quantize(x, 2, row_op, key, row_role, recipe, impl),
+                _quantize(x, 1, col_op, key, col_role, recipe, impl))
+
+    if fusable and (impl == "pallas" or (impl == "auto-pallas" and dispatch.auto_uses_quantize_kernel(
+            columnwise=True, stochastic=col_op.stochastic))):
+        try:
+            return kernel()
+        except ValueError:
+            pass
+    return separate()
+
+
+def _bmm(a, b, precision, impl: str, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
     if isinstance(a, NVFP4Array):
-        return matmul_lib.matmul(a, b, preferred_element_type=jnp.float32, impl=impl)
+        def kernel():
+            from pallas_kernels import matmul as km
+            return km.matmul(a, b, preferred_element_type=jnp.float32, lhs_from_mT=lhs_from_mT)
+
+        xla_impl = "native" if impl == "native" else "xla"
+        m, k = a.shape[-2:]
+        auto_ok = dispatch.auto_uses_gemm_kernel(m, b.shape[-1], k)
+        return _kernel_or_xla(impl, kernel, lambda: matmul_lib.matmul(
+            a, b, preferred_element_type=jnp.float32, impl=xla_impl), auto_ok)
     return lax.dot_general(
         a, b, (((2,), (1,)), ((0,), (0,))), precision=precision,
         preferred_element_type=jnp.float32,
@@ -157,8 +234,14 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: str):
     c = _Canon(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
     a, b = c.lhs(lhs), c.rhs(rhs)
     r = recipe
-    qa = _quantize(a, 2, r.fprop_lhs, key, "fprop_lhs", r) if r.fprop_lhs.quantized else a
-    qb = _quantize(b, 1, r.fprop_rhs, key, "fprop_rhs", r) if r.fprop_rhs.quantized else b
+    fused = (r.fprop_lhs.quantized and r.wgrad_lhs.quantized and r.wgrad_lhs.hadamard
+             and impl in ("pallas", "auto-pallas"))
+    if fused:  # X rowwise (fprop) and X columnwise-RHT (wgrad) from one read
+        qa, x_col = _quantize_row_and_col(a, r.fprop_lhs, r.wgrad_lhs, key, "fprop_lhs",
+                                          "wgrad_lhs", r, impl)
+    else:
+        qa = _quantize(a, 2, r.fprop_lhs, key, "fprop_lhs", r, impl) if r.fprop_lhs.quantized else a
+    qb = _quantize(b, 1, r.fprop_rhs, key, "fprop_rhs", r, impl) if r.fprop_rhs.quantized else b
     y = c.out(_bmm(qa, qb, precision, impl)).astype(out_dtype)
 
     # What backward needs, kept in NVFP4 where the recipe quantizes it.
@@ -167,13 +250,15 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: str):
     elif r.dgrad_rhs == r.fprop_rhs and r.fprop_rhs.block_2d:
         w_res = qb  # 16x16 tiles: the same values serve W and W^T
     else:
-        w_res = _quantize(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r)  # along N
+        w_res = _quantize(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r, impl)  # along N
     if not r.wgrad_lhs.quantized:
         x_res = a
+    elif fused:
+        x_res = x_col
     elif r.wgrad_lhs == r.fprop_lhs and r.fprop_lhs.block_2d:
         x_res = qa
     else:
-        x_res = _quantize(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r)  # along tokens
+        x_res = _quantize(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r, impl)  # along tokens
     return y, (x_res, w_res, key, c)
 
 
@@ -182,16 +267,23 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: str, res, g):
     x_res, w_res, key, c = res
     r = recipe
     gc = c.grad(g)
+    if r.dgrad_grad.quantized and r.wgrad_grad.quantized and r.wgrad_grad.hadamard and impl in (
+            "pallas", "auto-pallas"):  # dY rowwise (dgrad) and columnwise-RHT (wgrad), one read
+        qg_row, qg_col = _quantize_row_and_col(gc, r.dgrad_grad, r.wgrad_grad, key,
+                                               "dgrad_grad", "wgrad_grad", r, impl)
+    else:
+        qg_row = _quantize(gc, 2, r.dgrad_grad, key, "dgrad_grad", r, impl) \
+            if r.dgrad_grad.quantized else None
+        qg_col = _quantize(gc, 1, r.wgrad_grad, key, "wgrad_grad", r, impl) \
+            if r.wgrad_grad.quantized else None
     # dgrad: dX = dY W^T, contracting N.
     if r.dgrad_grad.quantized:
-        qg = _quantize(gc, 2, r.dgrad_grad, key, "dgrad_grad", r)
-        da = _bmm(qg, _mT(w_res), precision, impl)
+        da = _bmm(qg_row, _mT(w_res), precision, impl)
     else:
         da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl)
     # wgrad: dW = X^T dY, contracting tokens.
     if r.wgrad_grad.quantized:
-        qg = _quantize(gc, 1, r.wgrad_grad, key, "wgrad_grad", r)
-        db = _bmm(_mT(x_res), qg, precision, impl)
+        db = _bmm(_mT(x_res), qg_col, precision, impl, lhs_from_mT=True)
     else:
         db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl)
     return c.lhs_back(da), c.rhs_back(db), None
@@ -244,7 +336,8 @@ def dot_general(
       out_sharding: output sharding, as in `jax.lax.dot_general`.
       recipe: a `Recipe`; default `Recipe.nvfp4()`.
       key: a ``jax.random`` key; required when the recipe rounds stochastically.
-      impl: GEMM implementation (``"xla"``).
+      impl: ``"xla"`` (pure JAX), ``"pallas"`` (Hopper kernels), ``"native"``
+        (Blackwell block-scaled GEMM) or ``"auto"``; see `fp4jax.dispatch`.
 
     Returns:
       The product, shaped as `jax.lax.dot_general`'s.
@@ -292,8 +385,7 @@ def dot_general(
     )
     if 0 in lhs.shape or 0 in rhs.shape:
         return lax.dot_general(lhs, rhs, dn, preferred_element_type=out_dtype)
-    if impl != "xla":
-        raise ValueError(f"impl must be 'xla', got {impl!r}")
+    impl = dispatch.resolve(impl)
     if key is not None and not (
         jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32
     ):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp4jax import dispatch
 from fp4jax import native
 from fp4jax import quantize as quantize_lib
 from fp4jax.formats import NVFP4Array
@@ -70,8 +71,10 @@ def matmul(
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
       impl: ``"xla"``: decode to BF16 in HBM and use XLA's dot (exact emulation);
+        ``"pallas"``: the Hopper kernel (`pallas_kernels.matmul`, decode in-kernel);
         ``"native"``: the block-scaled GEMM of `jax.nn.scaled_matmul` (cuDNN on
-        Blackwell; untested there, see `fp4jax.native`).
+        Blackwell; untested there, see `fp4jax.native`); ``"auto"``: see
+        `fp4jax.dispatch`.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -89,11 +92,19 @@ def matmul(
     """
     check_operands(lhs, rhs)
     out_dtype = jnp.dtype(preferred_element_type)
-    if impl == "xla":
-        return _matmul_xla(lhs, rhs, out_dtype=out_dtype)
-    if impl == "native":
+    which = dispatch.resolve(impl)
+    m, k, n = lhs.shape[-2], lhs.shape[-1], rhs.shape[-1]
+    if which == "pallas" or (which == "auto-pallas" and dispatch.auto_uses_gemm_kernel(m, n, k)):
+        from pallas_kernels import matmul as kernel  # lazy: the kernels import fp4jax
+
+        try:
+            return kernel.matmul(lhs, rhs, preferred_element_type=out_dtype)
+        except ValueError:
+            if which == "pallas":
+                raise
+    if which == "native":
         return _matmul_native(lhs, rhs, out_dtype=out_dtype)
-    raise ValueError(f"impl must be 'xla' or 'native', got {impl!r}")
+    return _matmul_xla(lhs, rhs, out_dtype=out_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype",))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp4jax import dispatch
 from fp4jax import formats
 from fp4jax import hadamard as hadamard_lib
 from fp4jax import random_bits
@@ -85,6 +86,7 @@ def quantize(
     hadamard: bool = False,
     hadamard_signs: Sequence[int] | None = None,
     amax: jax.typing.ArrayLike | None = None,
+    impl: str = "xla",
 ) -> NVFP4Array:
     """Quantizes ``x`` to NVFP4 with 16-element blocks along ``axis``.
 
@@ -119,6 +121,8 @@ def quantize(
         `fp4jax.hadamard.DEFAULT_SIGNS`.
       amax: a precomputed global amax (float scalar), e.g. reduced across devices.
         Must be at least ``max|x|`` (of the rotated ``x`` with ``hadamard``).
+      impl: ``"xla"`` (this reference), ``"pallas"`` (the fused Hopper kernel,
+        `pallas_kernels.quantize`; bit-identical) or ``"auto"`` (see `fp4jax.dispatch`).
 
     Returns:
       An `NVFP4Array`.
@@ -157,6 +161,18 @@ def quantize(
         random_bits.key_words(key)  # validates
     if amax is not None:
         amax = _check_amax(amax)
+    which = dispatch.resolve(impl)
+    if which == "pallas" or (which == "auto-pallas" and dispatch.auto_uses_quantize_kernel(
+            columnwise=axis != x.ndim - 1, stochastic=rounding == "stochastic")):
+        from pallas_kernels import quantize as kernel  # lazy: the kernels import fp4jax
+
+        try:
+            return kernel.quantize(
+                x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
+                hadamard_signs=hadamard_signs, amax=amax)
+        except ValueError:
+            if which == "pallas":
+                raise
     return _quantize(
         x, key if rounding == "stochastic" else None, amax, axis=axis, block_2d=bool(block_2d),
         rounding=rounding, hadamard=bool(hadamard), signs=hadamard_signs,

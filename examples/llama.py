@@ -1,0 +1,176 @@
+"""A small Llama-style decoder in Flax nnx: RMSNorm, RoPE, causal attention, SwiGLU.
+
+Plain nnx code with plain ``nnx.Linear`` layers — nothing fp4jax-specific. NVFP4 is
+applied afterwards, without editing the model, by `fp4jax.flax.nnx.quantize` and a
+policy (see ``train_llama.py``). Computation in BF16 (``dtype``), parameters in FP32
+(``param_dtype``): the FP32 masters of RECIPE.md §7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LlamaConfig:
+    """Model size.
+
+    Attributes:
+      vocab: vocabulary size (256 for bytes).
+      dim: model width (a multiple of 16 and of ``heads``).
+      layers: number of transformer blocks.
+      heads: attention heads.
+      hidden: SwiGLU hidden width (default: ~8/3·dim rounded up to a multiple of 64).
+      rope_theta: RoPE base.
+      dtype: computation dtype.
+    """
+
+    vocab: int = 256
+    dim: int = 256
+    layers: int = 4
+    heads: int = 4
+    hidden: int | None = None
+    rope_theta: float = 10_000.0
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        for name in ("vocab", "dim", "layers", "heads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError(f"dim={self.dim} must split into {self.heads} heads of even size")
+        if self.hidden is None:
+            object.__setattr__(self, "hidden", -(-(8 * self.dim // 3) // 64) * 64)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        """``dtype`` as a numpy dtype."""
+        return jnp.dtype(self.dtype)
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.dim // self.heads
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameter counts: embedding, quantizable block matmuls, head, norms, total."""
+        d, h, v, n = self.dim, self.hidden, self.vocab, self.layers
+        blocks = n * (4 * d * d + 3 * d * h)
+        norms = n * 2 * d + d
+        return {"embedding": v * d, "block_matmuls": blocks, "head": d * v,
+                "norms": norms, "total": v * d + blocks + d * v + norms}
+
+    def train_flops_per_token(self, seq: int) -> dict[str, float]:
+        """Training FLOPs per token (forward + backward = 3× forward).
+
+        ``block_matmuls`` (the GEMMs fp4jax may quantize), ``head`` (BF16) and
+        ``attention`` (the score and value products, 2·2·seq·dim per layer forward,
+        counted in full — the causal mask is not exploited by XLA's attention).
+        """
+        c = self.param_counts()
+        return {
+            "block_matmuls": 6.0 * c["block_matmuls"],
+            "head": 6.0 * c["head"],
+            "attention": 3.0 * 4.0 * self.layers * seq * self.dim,
+        }
+
+
+def rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding on ``(batch, seq, heads, head_dim)`` (half-split form)."""
+    seq, hd = x.shape[1], x.shape[-1]
+    freqs = 1.0 / theta ** (jnp.arange(0, hd // 2, dtype=jnp.float32) * 2.0 / hd)
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * freqs[None, :]
+    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention with RoPE; q/k/v/o are ``nnx.Linear``."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        out_init = nnx.initializers.normal(0.02 / (2 * cfg.layers) ** 0.5)
+        lin = dict(use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.cfg = cfg
+        self.q = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
+        self.k = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
+        self.v = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
+        self.o = nnx.Linear(cfg.dim, cfg.dim, kernel_init=out_init, **lin)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, s, _ = x.shape
+        shape = (b, s, self.cfg.heads, self.cfg.head_dim)
+        q = rope(self.q(x).reshape(shape), self.cfg.rope_theta)
+        k = rope(self.k(x).reshape(shape), self.cfg.rope_theta)
+        v = self.v(x).reshape(shape)
+        # Score and value products stay in BF16 (RECIPE.md §7): not an nnx.Linear.
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.reshape(b, s, self.cfg.dim))
+
+
+class SwiGLU(nnx.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        out_init = nnx.initializers.normal(0.02 / (2 * cfg.layers) ** 0.5)
+        lin = dict(use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.gate = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=init, **lin)
+        self.up = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=init, **lin)
+        self.down = nnx.Linear(cfg.hidden, cfg.dim, kernel_init=out_init, **lin)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(nnx.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        norm = dict(dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.attn_norm = nnx.RMSNorm(cfg.dim, **norm)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.dim, **norm)
+        self.mlp = SwiGLU(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nnx.Module):
+    """Token embedding → blocks → RMSNorm → output head (logits in float32)."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab, cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                               embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
+        self.norm = nnx.RMSNorm(cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                                rngs=rngs)
+        self.lm_head = nnx.Linear(cfg.dim, cfg.vocab, use_bias=False, dtype=cfg.compute_dtype,
+                                  param_dtype=jnp.float32,
+                                  kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm(x)).astype(jnp.float32)
+
+
+def loss_and_metrics(model: Llama, batch: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, dict]:
+    """Mean next-byte cross-entropy (nats) and ``bits_per_byte``."""
+    import optax  # noqa: PLC0415
+
+    x, y = batch
+    logits = model(x)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss, {"bits_per_byte": loss / jnp.log(2.0)}

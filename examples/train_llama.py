@@ -1,0 +1,439 @@
+"""Train the small Llama (``llama.py``) on Python sources (``data.py``) in BF16 or NVFP4.
+
+    python examples/train_llama.py --recipe nvfp4 --steps 300 --out /tmp/run
+
+The model is plain nnx; NVFP4 comes from `fp4jax.flax.nnx.quantize` with
+`fp4jax.flax.paper_policy` (embedding, output head, norms and attention products
+stay BF16; ``--keep-first/--keep-last`` blocks too). Training uses
+`fp4jax.train.TrainStep` (FP32 masters, AdamW, clipping, per-layer per-step SR
+keys), `fp4jax.metrics_log` (``metrics.jsonl``/``.csv``, a progress bar),
+optionally `fp4jax.checkpoint` and per-layer quantization diagnostics. The run
+writes ``summary.json`` and prints tokens seen, epochs, the final validation loss in
+bits per byte and the step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import data as data_lib  # noqa: E402
+import fp4jax  # noqa: E402
+from fp4jax import diagnostics, metrics_log  # noqa: E402
+from fp4jax import train as train_lib  # noqa: E402
+from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
+
+RECIPES = {
+    "bf16": None,  # the plain, unconverted model
+    "nvfp4": fp4jax.Recipe.nvfp4,
+    "nvfp4_no_rht": fp4jax.Recipe.nvfp4_no_rht,
+    "nvfp4_no_sr": fp4jax.Recipe.nvfp4_no_sr,
+    "nvfp4_no_2d": fp4jax.Recipe.nvfp4_no_2d,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    r"""Training settings (the model size is a `LlamaConfig`).
+
+    Attributes:
+      recipe: a key of `RECIPES`.
+      batch: sequences per step.
+      seq: tokens per sequence.
+      lr: peak learning rate (AdamW).
+      warmup_fraction: linear warmup share of the steps; then cosine to
+        ``min_lr_ratio · lr``.
+      min_lr_ratio: final learning rate ratio.
+      weight_decay: AdamW decoupled weight decay.
+      max_grad_norm: gradient clipping.
+      seed: model init, data order and SR run key.
+      keep_first: leading blocks kept in BF16.
+      keep_last: trailing blocks kept in BF16.
+      keep_patterns: more module-path regexes kept in BF16 (e.g. ``r".*\.attn\..*"``).
+      bf16_forward_tail: share of the final steps with BF16 forward GEMMs (RECIPE §8).
+      eval_every: validate every this many steps (0: only at the end).
+      eval_batches: validation batches per evaluation.
+      log_every: steps between metric records.
+      diag_every: steps between quantization diagnostics (0: never).
+      eval_bf16_forward: also evaluate a quantized run's final weights with every
+        GEMM in BF16 (one more compilation).
+    """
+
+    recipe: str = "nvfp4"
+    batch: int = 16
+    seq: int = 256
+    lr: float = 2e-3
+    warmup_fraction: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    keep_first: int = 0
+    keep_last: int = 0
+    keep_patterns: tuple[str, ...] = ()
+    bf16_forward_tail: float = 0.0
+    eval_every: int = 0
+    eval_batches: int = 16
+    log_every: int = 10
+    diag_every: int = 0
+    eval_bf16_forward: bool = True
+
+    def __post_init__(self):
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {self.recipe!r}")
+        if self.recipe == "bf16" and self.bf16_forward_tail:
+            raise ValueError("bf16_forward_tail only applies to NVFP4 recipes")
+
+
+class ScheduleState(NamedTuple):
+    """State of `warmup_cosine`."""
+
+    count: jax.Array  # int32 [], steps taken
+    total: jax.Array  # int32 [], planned steps (data, not a compile-time constant)
+
+
+def warmup_cosine(*, peak: float, total_steps: int, warmup_fraction: float,
+                  min_ratio: float) -> optax.GradientTransformation:
+    """Scales updates by ``-lr(step)``: linear warmup, cosine decay to ``min_ratio·peak``.
+
+    The planned step count lives in the state, so runs of different lengths share
+    one compiled step.
+    """
+
+    def init(params):
+        del params
+        return ScheduleState(jnp.zeros((), jnp.int32), jnp.asarray(total_steps, jnp.int32))
+
+    def update(updates, state, params=None):
+        del params
+        c, t = state.count.astype(jnp.float32), state.total.astype(jnp.float32)
+        warm = jnp.maximum(1.0, jnp.round(warmup_fraction * t))
+        frac = jnp.clip((c - warm) / jnp.maximum(t - warm, 1.0), 0.0, 1.0)
+        decay = min_ratio + (1 - min_ratio) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
+        lr = peak * jnp.where(c < warm, (c + 1) / warm, decay)
+        updates = jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates)
+        return updates, ScheduleState(state.count + 1, state.total)
+
+    return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(cfg: RunConfig, total_steps: int) -> optax.GradientTransformation:
+    """AdamW (β=(0.9, 0.95), ε=1e-8) with `warmup_cosine`; no decay on norms."""
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(
+        optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
+        optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
+        warmup_cosine(peak=cfg.lr, total_steps=total_steps,
+                      warmup_fraction=cfg.warmup_fraction, min_ratio=cfg.min_lr_ratio),
+    )
+
+
+class Trainer:
+    """Model, policy and compiled functions of one recipe (reusable across runs).
+
+    Args:
+      model_cfg: the model size.
+      cfg: the run settings.
+      total_steps: planned steps (for the precision schedule; the learning-rate
+        schedule reads its length from the optimizer state).
+    """
+
+    def __init__(self, model_cfg: LlamaConfig, cfg: RunConfig, total_steps: int):
+        self.model_cfg, self.cfg = model_cfg, cfg
+        self.model = Llama(model_cfg, rngs=nnx.Rngs(cfg.seed))
+        self.report = None
+        recipe_fn = RECIPES[cfg.recipe]
+        if recipe_fn is not None:
+            policy = fp4jax.flax.paper_policy(
+                num_blocks=model_cfg.layers, first=cfg.keep_first, last=cfg.keep_last,
+                recipe=recipe_fn(),
+                extra_rules=[fp4jax.flax.Rule(pattern=p, recipe=None) for p in cfg.keep_patterns],
+            )
+            self.report = fp4jax.flax.nnx.quantize(self.model, policy)
+        loss_fn, self.params0 = train_lib.nnx_loss_fn(self.model, loss_and_metrics)
+        schedule = train_lib.PrecisionSchedule.bf16_forward_tail(
+            total_steps=total_steps, fraction=cfg.bf16_forward_tail
+        )
+        self.step = train_lib.TrainStep(
+            loss_fn, make_optimizer(cfg, total_steps), has_aux=True,
+            max_grad_norm=cfg.max_grad_norm, schedule=schedule, donate=True,
+        )
+        self.eval_step = train_lib.make_eval_step(loss_fn, has_aux=True)
+        self.diag_step = train_lib.make_diagnostics_step(loss_fn, has_aux=True)
+
+    def init(self, total_steps: int) -> train_lib.TrainState:
+        """A fresh state (same init for every recipe: quantization does not touch params)."""
+        return train_lib.init_state(
+            self.params0, make_optimizer(self.cfg, total_steps), jax.random.key(self.cfg.seed)
+        )
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Re-targets the precision schedule (no recompilation)."""
+        self.step.schedule = train_lib.PrecisionSchedule.bf16_forward_tail(
+            total_steps=total_steps, fraction=self.cfg.bf16_forward_tail
+        )
+
+    def calibrate(self, batches: data_lib.Batches, val: list, steps: int) -> dict[str, float]:
+        """Compiles the step and eval functions and times ``steps`` steps (state discarded).
+
+        Every precision mode the run will use is compiled here (the schedule's tail mode
+        too), so the timed run pays no compilation.
+
+        Returns:
+          ``compile_s`` (first step), ``step_s`` (mean of the next ``steps``),
+          ``eval_compile_s`` and ``eval_s`` (one validation pass per evaluated mode).
+        """
+        steps = max(int(steps), 1)
+        state = self.init(steps + 1)
+        t0 = time.perf_counter()
+        for i in range(steps + 1):
+            if i == 1:
+                jax.block_until_ready(state.params)
+                t1 = time.perf_counter()
+            x, y = batches(i)
+            state, _ = self.step(state, (jnp.asarray(x), jnp.asarray(y)), step=i)
+        jax.block_until_ready(state.params)
+        t2 = time.perf_counter()
+        final_mode = "recipe"
+        if self.cfg.bf16_forward_tail > 0:
+            final_mode = "bf16_forward"
+            state, _ = self.step.jitted(state, tuple(map(jnp.asarray, batches(0))), mode=final_mode)
+        modes = [final_mode] + (
+            ["bf16"] if self.report is not None and self.cfg.eval_bf16_forward else [])
+        for mode in modes:  # compile
+            jax.block_until_ready(self.eval_step(state.params, tuple(map(jnp.asarray, val[0])),
+                                                 mode=mode))
+        t3 = time.perf_counter()
+        for mode in modes:
+            self.evaluate(state.params, val, mode)
+        t4 = time.perf_counter()
+        return {"compile_s": t1 - t0, "step_s": (t2 - t1) / steps,
+                "eval_compile_s": t3 - t2, "eval_s": t4 - t3}
+
+    def evaluate(self, params: Any, val: list, mode: str = "recipe") -> float:
+        """Mean validation loss in bits per byte."""
+        losses = [self.eval_step(params, (jnp.asarray(x), jnp.asarray(y)), mode=mode)["loss"]
+                  for x, y in val]
+        return float(np.mean(jax.device_get(losses))) / math.log(2.0)
+
+
+def train(
+    trainer: Trainer,
+    batches: data_lib.Batches,
+    val: list,
+    *,
+    steps: int,
+    stop_at: int | None = None,
+    deadline: float | None = None,
+    out: str | None = None,
+    ckpt_dir: str | None = None,
+    ckpt_every: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains for ``steps`` planned steps (the schedules' length).
+
+    Args:
+      trainer: the recipe's `Trainer`.
+      batches: training data (batch ``i`` at step ``i``).
+      val: validation batches.
+      steps: planned steps.
+      stop_at: stop after this many steps (same schedules, so a shorter run
+        matches the first ``stop_at`` steps of the full one).
+      deadline: stop when `time.perf_counter` passes it (checked between steps).
+      out: directory for ``metrics.jsonl``/``.csv``, ``summary.json``, ``policy.txt``.
+      ckpt_dir: save checkpoints here every ``ckpt_every`` steps and at the end;
+        resume from the latest one if present.
+      ckpt_every: steps between checkpoints.
+      progress: show a progress bar.
+
+    Returns:
+      The summary dict (also written to ``<out>/summary.json``); ``final_state``
+      holds the last `TrainState`.
+    """
+    cfg = trainer.cfg
+    stop_at = steps if stop_at is None else min(stop_at, steps)
+    trainer.set_total_steps(steps)
+    state = trainer.init(steps)
+    ckpt = None
+    if ckpt_dir:
+        from fp4jax.checkpoint import Checkpointer  # noqa: PLC0415
+
+        ckpt = Checkpointer(ckpt_dir, max_to_keep=2)
+        if ckpt.latest_step() is not None:
+            state = ckpt.restore(state)
+            print(f"resumed from step {int(state.step)} in {ckpt_dir}")
+    first = int(state.step)
+    logger = metrics_log.MetricsLogger(out, append=first > 0) if out else None
+    bar = metrics_log.progress(total=stop_at, initial=first, desc=cfg.recipe,
+                               disable=None if progress else True)
+    curve: list[tuple[int, float]] = []
+    t_start = time.perf_counter()
+    t_warm = None  # after the first step (compilation, unless already compiled)
+    done = first
+    last: dict[str, Any] = {}
+    for i in range(first, stop_at):
+        if deadline is not None and i > first and time.perf_counter() > deadline:
+            break
+        x, y = batches(i)
+        batch = (jnp.asarray(x), jnp.asarray(y))
+        state, metrics = trainer.step(state, batch, step=i)
+        done = i + 1
+        if i == first:
+            jax.block_until_ready(state.params)
+            t_warm = time.perf_counter()
+        mode = trainer.step.mode(i)
+        if cfg.log_every and (done % cfg.log_every == 0 or done == stop_at):
+            rec = {**metrics, "mode": mode, "tokens": done * cfg.batch * cfg.seq}
+            last = logger.log(done, rec) if logger else metrics_log.to_host(rec)
+            bar.set_postfix(bpb=f"{last['bits_per_byte']:.3f}", gnorm=f"{last['grad_norm']:.2f}")
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < stop_at:
+            v = trainer.evaluate(state.params, val, mode)
+            curve.append((done, v))
+            if logger:
+                logger.log(done, {"val_bits_per_byte": v})
+        if cfg.diag_every and done % cfg.diag_every == 0 and trainer.report is not None:
+            _, stats = trainer.diag_step(state.params, batch, mode=mode)
+            if logger:
+                logger.log(done, diagnostics.flatten(stats, prefix="diag/"), csv=False)
+        if ckpt is not None and ckpt_every and done % ckpt_every == 0:
+            ckpt.save(state, metadata={"recipe": cfg.recipe})
+        bar.update(1)
+    jax.block_until_ready(state.params)
+    t_end = time.perf_counter()
+    bar.close()
+    if ckpt is not None:
+        if ckpt.latest_step() != done:
+            ckpt.save(state, metadata={"recipe": cfg.recipe})
+        ckpt.close()
+    final_mode = trainer.step.mode(max(done - 1, 0))
+    val_bpb = trainer.evaluate(state.params, val, final_mode)
+    curve.append((done, val_bpb))
+    ran = done - first
+    summary: dict[str, Any] = {
+        "recipe": cfg.recipe,
+        "steps": done,
+        "planned_steps": steps,
+        "stopped_early": done < stop_at,
+        "tokens_seen": done * cfg.batch * cfg.seq,
+        "train_tokens": int(len(batches.tokens)),
+        "epochs": batches.epochs(done),
+        "final_train_bpb": last.get("bits_per_byte"),
+        "final_val_bpb": val_bpb,
+        "val_curve": curve,
+        "final_mode": final_mode,
+        "step_time_s": (t_end - t_warm) / (ran - 1) if t_warm and ran > 1 else None,
+        "first_step_s": (t_warm - t_start) if t_warm else None,
+        "train_wall_s": t_end - t_start,
+        "compilations": trainer.step.num_compiled(),
+        "run_config": dataclasses.asdict(cfg),
+        "model_config": dataclasses.asdict(trainer.model_cfg),
+        "params": trainer.model_cfg.param_counts(),
+        "train_flops_per_token": trainer.model_cfg.train_flops_per_token(cfg.seq),
+        "quantized_layers": len(trainer.report.quantized) if trainer.report else 0,
+        "matmul_layers": len(trainer.report.decisions) if trainer.report else None,
+    }
+    if cfg.eval_bf16_forward and trainer.report is not None and final_mode != "bf16":
+        # The same weights with every GEMM in BF16: how much of the gap is the 4-bit forward?
+        summary["final_val_bpb_bf16_forward"] = trainer.evaluate(state.params, val, "bf16")
+    if logger:
+        logger.log(done, {"val_bits_per_byte": val_bpb})
+        logger.close()
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        with open(os.path.join(out, "policy.txt"), "w") as f:
+            f.write(str(trainer.report) + "\n" if trainer.report else "bf16: model not converted\n")
+    summary["final_state"] = state
+    return summary
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """Human-readable result lines."""
+    nan = float("nan")
+    return (
+        f"[{summary.get('name', summary['recipe'])}] {summary['steps']} steps, {summary['tokens_seen'] / 1e6:.2f}M "
+        f"tokens = {summary['epochs']:.4f} epochs; final val {summary['final_val_bpb']:.4f} "
+        f"bits/byte; {(summary['step_time_s'] or nan) * 1e3:.1f} ms/step "
+        f"(first step {summary['first_step_s'] or nan:.1f}s)"
+    )
+
+
+def compute_dtype(name: str) -> str:
+    """Resolves ``"auto"``: bfloat16 on accelerators, float32 on CPU."""
+    if name != "auto":
+        return name
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def model_args(p: argparse.ArgumentParser, *, dim: int, layers: int, heads: int,
+               batch: int, seq: int) -> None:
+    """Shared size flags."""
+    p.add_argument("--dim", type=int, default=dim)
+    p.add_argument("--layers", type=int, default=layers)
+    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--seq", type=int, default=seq)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep-first", type=int, default=0)
+    p.add_argument("--keep-last", type=int, default=0)
+    p.add_argument("--keep", action="append", default=[], metavar="REGEX",
+                   help="keep matching module paths in BF16 (repeatable)")
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-batches", type=int, default=16)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--diag-every", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="compute dtype; auto: bfloat16 on GPU, float32 on CPU (XLA's CPU "
+                        "BF16 matmuls are slow)")
+    p.add_argument("--data", default=None,
+                   help="a text tree to train on (default: this interpreter's Python sources)")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--recipe", default="nvfp4", choices=sorted(RECIPES))
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--bf16-forward-tail", type=float, default=0.0,
+                   help="share of final steps with BF16 forward GEMMs (RECIPE.md §8)")
+    p.add_argument("--out", default=None, help="directory for metrics.jsonl/csv, summary.json")
+    p.add_argument("--ckpt-dir", default=None, help="checkpoint here; resume if one exists")
+    p.add_argument("--ckpt-every", type=int, default=0)
+    model_args(p, dim=256, layers=4, heads=4, batch=16, seq=256)
+    a = p.parse_args(argv)
+    corpus = data_lib.load_corpus([a.data] if a.data else None,
+                                  suffix=None if a.data else ".py")
+    print(corpus.describe())
+    mcfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads, dtype=compute_dtype(a.dtype))
+    cfg = RunConfig(recipe=a.recipe, batch=a.batch, seq=a.seq, lr=a.lr, seed=a.seed,
+                    keep_first=a.keep_first, keep_last=a.keep_last, keep_patterns=tuple(a.keep),
+                    bf16_forward_tail=a.bf16_forward_tail, eval_every=a.eval_every,
+                    eval_batches=a.eval_batches, log_every=a.log_every, diag_every=a.diag_every)
+    batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=a.seed)
+    val = data_lib.validation_batches(corpus.val, batch=a.batch, seq=a.seq,
+                                      max_batches=a.eval_batches)
+    trainer = Trainer(mcfg, cfg, a.steps)
+    if trainer.report is not None:
+        print(trainer.report)
+    summary = train(trainer, batches, val, steps=a.steps, out=a.out,
+                    ckpt_dir=a.ckpt_dir, ckpt_every=a.ckpt_every)
+    print(describe(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

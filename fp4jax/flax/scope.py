@@ -1,0 +1,174 @@
+"""The step scope: how a training step hands SR keys and the precision mode to layers.
+
+A quantized layer needs, at every step, a fresh stochastic-rounding key of its own
+(RECIPE.md §5), and the training step may switch the forward GEMMs to BF16 near the
+end of training (RECIPE.md §8). Neither should be threaded through the user's model
+code, and neither may live in hidden global state. fp4jax uses a *dynamic scope*:
+
+.. code-block:: python
+
+    def loss_fn(params, batch, step_key):      # the function you jit / differentiate
+        with fp4jax.flax.step_scope(step_key):  # entered *inside* the trace
+            return model_loss(params, batch)
+
+While the scope is open, each fp4jax layer (`fp4jax.flax.DotGeneral`, the nnx/linen
+adapters) derives its key as ``fp4jax.layer_key(step_key, layer_name)`` — different
+per layer and per step, and a pure function of the step key, so runs are
+reproducible. A layer called ``i > 0`` times more within one scope (weight sharing)
+folds ``i`` in again. The scope is a `contextvars.ContextVar` set on entry and reset
+on exit: it carries nothing across ``jit`` boundaries and nothing from one step to
+the next. `fp4jax.train` opens it for you.
+
+Rule: open the scope **inside** the jitted function, so the key is a traced value.
+A scope opened outside a ``jit`` around a jitted model would bake the key into the
+compiled program as a constant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
+
+import jax
+import jax.numpy as jnp
+
+from fp4jax import keys
+from fp4jax.recipe import Recipe
+
+Mode = Literal["recipe", "bf16_forward", "bf16_backward", "bf16"]
+"""How the precision schedule modifies every layer's recipe:
+
+* ``"recipe"``: as configured;
+* ``"bf16_forward"``: the fprop GEMM in BF16 (`Recipe.with_bf16_forward`, RECIPE.md §8);
+* ``"bf16_backward"``: the dgrad and wgrad GEMMs in BF16;
+* ``"bf16"``: no quantization at all.
+"""
+
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+def check_mode(mode: Any) -> str:
+    """Returns ``mode`` or raises `ValueError` if it is not a `Mode`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def apply_mode(recipe: Recipe, mode: Mode) -> Recipe:
+    """The recipe a layer uses under a precision ``mode``.
+
+    Example:
+      >>> import fp4jax
+      >>> from fp4jax.flax import apply_mode
+      >>> apply_mode(fp4jax.Recipe.nvfp4(), "bf16_forward").fprop_lhs.format
+      'bf16'
+      >>> apply_mode(fp4jax.Recipe.nvfp4(), "bf16").is_bf16
+      True
+    """
+    check_mode(mode)
+    if mode == "recipe" or recipe.is_bf16:
+        return recipe
+    if mode == "bf16_forward":
+        return recipe.with_bf16_forward()
+    if mode == "bf16_backward":
+        return recipe.with_bf16_backward()
+    return Recipe.bf16()
+
+
+def _check_key(key: Any) -> jax.Array | None:
+    if key is None:
+        return None
+    if not isinstance(key, jax.Array) or not (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        or (key.dtype == jnp.uint32 and key.shape == (2,))
+    ):
+        raise TypeError(
+            "step_scope needs a jax.random key (e.g. jax.random.fold_in(run_key, step)), "
+            f"got {type(key).__name__} {getattr(key, 'dtype', '')}"
+        )
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape != ():
+        raise ValueError(f"step_scope needs a single key, got a key array of shape {key.shape}")
+    return key
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class Scope:
+    """The state of one open `step_scope` (trace-time only).
+
+    Attributes:
+      key: the step key, or None (then layers whose recipe rounds stochastically
+        raise).
+      mode: the precision `Mode` applied to every layer's recipe.
+      diagnostics: whether layers record quantization statistics (`fp4jax.diagnostics`).
+      stats: per-layer statistics recorded while ``diagnostics`` is on, keyed by
+        layer name (``name#i`` for the ``i``-th repeated call).
+    """
+
+    key: jax.Array | None
+    mode: Mode = "recipe"
+    diagnostics: bool = False
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _calls: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+
+    def next_call(self, name: str) -> str:
+        """Counts a call of layer ``name``; returns its call id (``name`` or ``name#i``)."""
+        i = self._calls.get(name, 0)
+        self._calls[name] = i + 1
+        return name if i == 0 else f"{name}#{i}"
+
+    def layer_key(self, call_id: str) -> jax.Array | None:
+        """``fp4jax.layer_key(key, name)``, folded with ``i`` for call ``name#i``."""
+        if self.key is None:
+            return None
+        name, _, i = call_id.partition("#")
+        k = keys.layer_key(self.key, name)
+        return jax.random.fold_in(k, int(i)) if i else k
+
+
+_CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
+    "fp4jax_step_scope", default=None
+)
+
+
+@contextlib.contextmanager
+def step_scope(
+    key: jax.Array | None, *, mode: Mode = "recipe", diagnostics: bool = False
+) -> Iterator[Scope]:
+    """Opens the scope in which fp4jax layers find their SR keys and precision mode.
+
+    Args:
+      key: the step key (``jax.random.fold_in(run_key, step)``); each layer uses
+        ``fp4jax.layer_key(key, its_name)``. None only for recipes without
+        stochastic rounding.
+      mode: a `Mode` applied to every layer's recipe (the precision schedule).
+      diagnostics: record per-layer quantization statistics into ``Scope.stats``.
+
+    Yields:
+      The open `Scope`.
+
+    Example:
+      >>> import functools, jax, jax.numpy as jnp, fp4jax
+      >>> from fp4jax.flax import DotGeneral, step_scope
+      >>> dg = DotGeneral(name="mlp.up")
+      >>> x, w = jnp.ones((4, 32)), jnp.ones((32, 16))
+      >>> @jax.jit
+      ... def f(x, w, step_key):
+      ...   with step_scope(step_key):
+      ...     return dg(x, w, (((1,), (0,)), ((), ())))
+      >>> f(x, w, jax.random.key(0)).shape
+      (4, 16)
+    """
+    scope = Scope(key=_check_key(key), mode=check_mode(mode), diagnostics=bool(diagnostics))
+    token = _CURRENT.set(scope)
+    try:
+        yield scope
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_scope() -> Scope | None:
+    """The innermost open `Scope`, or None."""
+    return _CURRENT.get()
