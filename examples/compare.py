@@ -122,7 +122,10 @@ def run_study(
         tr.cfg = dataclasses.replace(tr.cfg, eval_every=max(steps // max(study.evals, 1), 1)
                                      if study.evals else 0)
         deadline = None
-        if study.time_budget_s is not None:
+        if study.time_budget_s is not None and k == 0:
+            # Only the first (slowest) run may stop early; the others then run exactly as
+            # many steps, so every recipe sees the same tokens (a later run that also
+            # stopped early made an unequal comparison on the H200: 910 vs 630 steps).
             later = sum(calib[m]["step_s"] * stop_at + calib[m]["eval_s"] * (study.evals + 1)
                         for m in order[k + 1:])
             deadline = t_begin + study.time_budget_s - later - calib[n]["eval_s"] * 2
