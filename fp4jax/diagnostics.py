@@ -36,7 +36,7 @@ from jax import lax
 
 from fp4jax import formats
 from fp4jax.dot_general import _Canon, _normalize_dn, _quantize
-from fp4jax.quantize import dequantize, global_decode_scale
+from fp4jax.quantize import block_encode_scale, dequantize, global_decode_scale
 from fp4jax.formats import BLOCK, NVFP4Array
 from fp4jax.recipe import Recipe
 
@@ -104,7 +104,7 @@ def tensor_stats(x: jax.typing.ArrayLike, q: NVFP4Array) -> dict[str, jax.Array]
     s = q.block_scales(_F32)
     xp = _pad(x, q.axis, q.padded_length)
     gds = global_decode_scale(q.amax)
-    enc = jnp.minimum(np.float32(1.0) / (s * gds), np.float32(formats.FLT_MAX))
+    enc = block_encode_scale(s, gds)
     clipped = jnp.abs(xp * enc) >= np.float32(7.0)  # rounds past 6 on an unbounded grid
     underflow = (s == 0) & (xp != 0)
 

@@ -52,6 +52,15 @@ def global_decode_scale(amax: jax.Array) -> jax.Array:
     return jnp.where(jnp.isnan(ges), ges, rnd.div_rn(np.float32(1.0), jnp.where(jnp.isnan(ges), 1, ges)))
 
 
+def block_encode_scale(s: jax.Array, gds: jax.Array) -> jax.Array:
+    """Per-block encode scale ``min(fl(1 / fl(s * gds)), FLT_MAX)`` (RECIPE.md §2.5).
+
+    ``s`` is the float32 value of the E4M3 block decode scale; ``s == 0`` gives
+    ``FLT_MAX`` (nonzero elements then saturate to codes 7/15).
+    """
+    return jnp.minimum(rnd.div_rn(np.float32(1.0), s * gds), _FLT_MAX)
+
+
 def _canonical_perm(ndim: int, axis: int, tile_axis: int | None) -> tuple[int, ...]:
     """Moves ``axis`` last and, for 2D blocks, the tile axis just before it."""
     tail = [axis] if tile_axis is None else [tile_axis, axis]
@@ -67,7 +76,10 @@ def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def _check_amax(amax: Any) -> jax.Array:
+def check_amax(amax: Any) -> jax.Array | None:
+    """Validates a precomputed global amax: None, or a float scalar (returned as float32)."""
+    if amax is None:
+        return None
     amax = jnp.asarray(amax)
     if amax.shape != ():
         raise ValueError(f"amax must be a scalar, got shape {amax.shape}")
@@ -159,8 +171,7 @@ def quantize(
             )
     if key is not None:
         random_bits.key_words(key)  # validates
-    if amax is not None:
-        amax = _check_amax(amax)
+    amax = check_amax(amax)
     which = dispatch.resolve(impl)
     if which == "pallas" or (which == "auto-pallas" and dispatch.auto_uses_quantize_kernel(
             columnwise=axis != x.ndim - 1, stochastic=rounding == "stochastic")):
@@ -226,7 +237,7 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     d = jnp.minimum(bamax * (ges * _INV_6), np.float32(formats.E4M3_MAX))
     s = rnd.round_to_e4m3(d)  # float32 holding the exact E4M3 block decode scale
     s_el = jnp.repeat(s, BLOCK, axis=-2)[..., : lead[-1], :] if block_2d else s
-    enc = jnp.minimum(rnd.div_rn(np.float32(1.0), s_el * gds), _FLT_MAX)
+    enc = block_encode_scale(s_el, gds)
     v = jnp.clip(blocks * enc[..., None], -6.0, 6.0)
     a = jnp.abs(v)
     if rounding == "nearest":

@@ -94,7 +94,7 @@ import fp4jax
 from fp4jax import formats
 from fp4jax import hadamard as hadamard_lib
 from fp4jax import rounding as rnd
-from fp4jax.quantize import global_encode_scale
+from fp4jax.quantize import check_amax, global_encode_scale
 from fp4jax import random_bits
 from fp4jax.formats import NVFP4Array
 
@@ -802,17 +802,6 @@ def _check_x(x, what: str, need_rows: int) -> tuple[jax.Array, tuple[int, ...]]:
     return x, lead
 
 
-def _check_amax_arg(amax):
-    if amax is None:
-        return None
-    amax = jnp.asarray(amax)
-    if amax.shape != ():
-        raise ValueError(f"amax must be a scalar, got shape {amax.shape}")
-    if not jnp.issubdtype(amax.dtype, jnp.floating):
-        raise TypeError(f"amax must be a float scalar, got dtype {amax.dtype}")
-    return amax.astype(_F32)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("axis", "block_2d", "rounding", "hadamard", "hadamard_signs", "config",
@@ -945,7 +934,7 @@ def quantize(
         x, _ = _check_x(x, "quantize", need_rows)
     if key is not None:
         random_bits.key_words(key)  # validates
-    amax = _check_amax_arg(amax)
+    amax = check_amax(amax)
     if config is None:  # the columnwise engine's best tiling is TWO_OUTPUT_CONFIG's
         config = DEFAULT_CONFIG if (ax == x.ndim - 1 and not hadamard) else TWO_OUTPUT_CONFIG
     data, scales, amax_out = _quantize_jit(
@@ -1045,7 +1034,7 @@ def quantize_rowwise_columnwise(
     signs = hadamard_lib.check_signs(hadamard_signs)
     config = TWO_OUTPUT_CONFIG if config is None else config
     rc, rs, ra, cc, cs, ca = _rowcol_jit(
-        x, row_key, col_key, _check_amax_arg(row_amax), _check_amax_arg(col_amax),
+        x, row_key, col_key, check_amax(row_amax), check_amax(col_amax),
         rounding=rounding, hadamard_signs=signs, config=config, interpret=bool(interpret))
     e4m3 = lambda s: lax.bitcast_convert_type(s, jnp.float8_e4m3fn)  # noqa: E731
     row = NVFP4Array(data=rc, scales=e4m3(rs), amax=ra, shape=tuple(x.shape), dtype=x.dtype,
