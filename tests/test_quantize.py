@@ -482,3 +482,5 @@ def test_bad_inputs_raise_clear_errors():
         fp4jax.dequantize(fp4jax.quantize(x), jnp.int8)
     with pytest.raises(TypeError, match="jax.random key"):
         fp4jax.quantize(x, rounding="stochastic", key=jnp.zeros(2, jnp.float32))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        fp4jax.quantize(x, impl="triton")
