@@ -61,6 +61,27 @@ def block_encode_scale(s: jax.Array, gds: jax.Array) -> jax.Array:
     return jnp.minimum(rnd.div_rn(np.float32(1.0), s * gds), _FLT_MAX)
 
 
+def check_options(
+    *, rounding: str, key: Any, hadamard: bool, block_2d: bool, hadamard_signs: Any
+) -> tuple[int, ...] | None:
+    """Validates the quantize options that do not depend on the array.
+
+    Shared by `quantize` and the Pallas kernel's wrapper. Returns the validated sign
+    vector when ``hadamard`` (default signs for None), else None.
+    """
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    if rounding == "stochastic" and key is None:
+        raise ValueError("rounding='stochastic' needs a jax.random key: pass key=...")
+    if hadamard and block_2d:
+        raise ValueError("hadamard=True and block_2d=True cannot be combined")
+    if hadamard_signs is not None and not hadamard:
+        raise ValueError("hadamard_signs given but hadamard=False")
+    if key is not None:
+        random_bits.key_words(key)  # validates
+    return hadamard_lib.check_signs(hadamard_signs) if hadamard else None
+
+
 def _canonical_perm(ndim: int, axis: int, tile_axis: int | None) -> tuple[int, ...]:
     """Moves ``axis`` last and, for 2D blocks, the tile axis just before it."""
     tail = [axis] if tile_axis is None else [tile_axis, axis]
@@ -152,25 +173,15 @@ def quantize(
     if x.ndim == 0:
         raise ValueError("quantize needs an array of rank >= 1, got a scalar")
     axis = formats.normalize_axis(axis, x.ndim)
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-    if rounding == "stochastic" and key is None:
-        raise ValueError("rounding='stochastic' needs a jax.random key: pass key=...")
-    if hadamard and block_2d:
-        raise ValueError("hadamard=True and block_2d=True cannot be combined")
-    if hadamard_signs is not None and not hadamard:
-        raise ValueError("hadamard_signs given but hadamard=False")
+    hadamard_signs = check_options(rounding=rounding, key=key, hadamard=hadamard,
+                                   block_2d=block_2d, hadamard_signs=hadamard_signs)
     if block_2d:
         formats.tile_axis_for(axis, x.ndim)  # validates the tile placement
-    if hadamard:
-        hadamard_signs = hadamard_lib.check_signs(hadamard_signs)
-        if x.shape[axis] % BLOCK:
-            raise ValueError(
-                f"hadamard=True needs the length of axis {axis} to be a multiple of 16 "
-                f"(the rotation would mix padding into values); got shape {x.shape}"
-            )
-    if key is not None:
-        random_bits.key_words(key)  # validates
+    if hadamard and x.shape[axis] % BLOCK:
+        raise ValueError(
+            f"hadamard=True needs the length of axis {axis} to be a multiple of 16 "
+            f"(the rotation would mix padding into values); got shape {x.shape}"
+        )
     amax = check_amax(amax)
     which = dispatch.resolve(impl)
     if which == "pallas" or (which == "auto-pallas" and dispatch.auto_uses_quantize_kernel(

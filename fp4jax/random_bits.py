@@ -22,7 +22,7 @@ from jax import lax
 _U32 = jnp.uint32
 
 
-def _mix32(x: jax.Array) -> jax.Array:
+def mix32(x: jax.Array) -> jax.Array:
     """A bijective 32-bit avalanche mix (Wellons' "lowbias32")."""
     x = x ^ (x >> 16)
     x = x * _U32(0x7FEB352D)
@@ -47,9 +47,9 @@ def key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def hash_bits(k0: jax.Array, k1: jax.Array, index: jax.Array) -> jax.Array:
     """32 random bits for each uint32 ``index`` under key words ``(k0, k1)``."""
-    h = _mix32(index ^ k0)
-    h = _mix32(h + k1)
-    return _mix32(h ^ (k0 * _U32(0x9E3779B9)))
+    h = mix32(index ^ k0)
+    h = mix32(h + k1)
+    return mix32(h ^ (k0 * _U32(0x9E3779B9)))
 
 
 def uniform_bits24(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:

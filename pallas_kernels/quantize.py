@@ -94,7 +94,7 @@ import fp4jax
 from fp4jax import formats
 from fp4jax import hadamard as hadamard_lib
 from fp4jax import rounding as rnd
-from fp4jax.quantize import check_amax, global_encode_scale
+from fp4jax.quantize import check_amax, check_options, global_encode_scale
 from fp4jax import random_bits
 from fp4jax.formats import NVFP4Array
 
@@ -287,19 +287,11 @@ def _nibble_stochastic(x: jax.Array, enc: jax.Array, u24: jax.Array) -> jax.Arra
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def _mix32(x):
-    x = x ^ (x >> 16)
-    x = x * _U32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * _U32(0x846CA68B)
-    return x ^ (x >> 16)
-
-
 def _u24(k0, k1, k2, index):
     """`fp4jax.random_bits.hash_bits` >> 8, with ``k2 = k0 * 0x9E3779B9``."""
-    h = _mix32(index ^ k0)
-    h = _mix32(h + k1)
-    return _mix32(h ^ k2) >> 8
+    h = random_bits.mix32(index ^ k0)
+    h = random_bits.mix32(h + k1)
+    return random_bits.mix32(h ^ k2) >> 8
 
 
 def _rht16(vals: Sequence[jax.Array], signs: Sequence[int]) -> list[jax.Array]:
@@ -914,14 +906,8 @@ def quantize(
         raise ValueError(
             f"the Pallas quantize kernel quantizes along one of the last two axes; got axis={axis} "
             f"for shape {x.shape}")
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-    if rounding == "stochastic" and key is None:
-        raise ValueError("rounding='stochastic' needs a jax.random key: pass key=...")
-    if hadamard and block_2d:
-        raise ValueError("hadamard=True and block_2d=True cannot be combined")
-    if hadamard_signs is not None and not hadamard:
-        raise ValueError("hadamard_signs given but hadamard=False")
+    check_options(rounding=rounding, key=key, hadamard=hadamard, block_2d=block_2d,
+                  hadamard_signs=hadamard_signs)
     signs = hadamard_lib.check_signs(hadamard_signs)
     if ax == x.ndim - 1 and hadamard:
         _check_dtype(x, "quantize")
@@ -932,8 +918,6 @@ def quantize(
     else:
         need_rows = 16 if ax == x.ndim - 1 else 64
         x, _ = _check_x(x, "quantize", need_rows)
-    if key is not None:
-        random_bits.key_words(key)  # validates
     amax = check_amax(amax)
     if config is None:  # the columnwise engine's best tiling is TWO_OUTPUT_CONFIG's
         config = DEFAULT_CONFIG if (ax == x.ndim - 1 and not hadamard) else TWO_OUTPUT_CONFIG
