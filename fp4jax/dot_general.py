@@ -183,16 +183,18 @@ def _quantize_row_and_col(x, row_op: Operand, col_op: Operand, key, row_role: st
     )
 
     def kernel():
-        if not fusable:
-            raise ValueError("not a two-output pattern")
         from pallas_kernels import quantize as kq
-        xp = _pad_to_block(x, 1)
+        m = x.shape[1]
         r, c = kq.quantize_rowwise_columnwise(
-            xp[0], rounding=row_op.rounding, row_key=_role_key(key, row_op, row_role),
-            col_key=_role_key(key, col_op, col_role), hadamard_signs=recipe.hadamard_signs)
-        if xp.shape[1] != x.shape[1]:  # the rowwise copy of the unpadded rows
-            r = _quantize(x, 2, row_op, key, row_role, recipe, "xla")
-            return r, _with_batch(c)
+            _pad_to_block(x, 1)[0], rounding=row_op.rounding,
+            row_key=_role_key(key, row_op, row_role), col_key=_role_key(key, col_op, col_role),
+            hadamard_signs=recipe.hadamard_signs)
+        # Zero rows change neither the amax nor any other row's codes, scales or SR bits
+        # (the counter is the index within the padded row), so the rowwise copy of the
+        # unpadded tensor is the first m rows.
+        r = NVFP4Array(data=r.data[:m], scales=r.scales[:m], amax=r.amax,
+                       shape=(m,) + r.shape[1:], dtype=r.dtype, axis=r.axis,
+                       block_2d=r.block_2d, hadamard=r.hadamard)
         return _with_batch(r), _with_batch(c)
 
     def separate():
