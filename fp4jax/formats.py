@@ -202,15 +202,21 @@ class NVFP4Array:
         codes = unpack_codes(self.data, self.axis)
         return jax.lax.slice_in_dim(codes, 0, self.shape[self.axis], axis=self.axis)
 
-    def block_scales(self, dtype: Any = jnp.float32) -> jax.Array:
-        """Block decode scales broadcast to one per element, in the padded layout."""
-        s = e4m3_to_f32(self.scales).astype(dtype)
-        s = jnp.repeat(s, BLOCK, axis=self.axis)
+    def per_element(self, per_block: jax.Array) -> jax.Array:
+        """Broadcasts an array shaped like ``scales`` to one value per element.
+
+        The result is in the padded layout (the quantized axis a multiple of 16); a 2D
+        tile's value is repeated over its 16 rows, cut to the logical tile axis.
+        """
+        out = jnp.repeat(per_block, BLOCK, axis=self.axis)
         if self.block_2d:
             t = self.tile_axis
-            s = jnp.repeat(s, BLOCK, axis=t)
-            s = jax.lax.slice_in_dim(s, 0, self.shape[t], axis=t)
-        return s
+            out = jax.lax.slice_in_dim(jnp.repeat(out, BLOCK, axis=t), 0, self.shape[t], axis=t)
+        return out
+
+    def block_scales(self, dtype: Any = jnp.float32) -> jax.Array:
+        """Block decode scales broadcast to one per element, in the padded layout."""
+        return self.per_element(e4m3_to_f32(self.scales).astype(dtype))
 
     def transpose(self, axes: tuple[int, ...] | None = None) -> "NVFP4Array":
         """Permutes the logical axes without requantizing (a layout change only).

@@ -304,11 +304,7 @@ def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:
 def _dequantize(q: NVFP4Array, *, dtype) -> jax.Array:
     vals = formats.e2m1_to_f32(formats.unpack_codes(q.data, q.axis))
     factor = (formats.e4m3_to_f32(q.scales) * q.amax) * _INV_2688
-    factor = jnp.repeat(factor, BLOCK, axis=q.axis)
-    if q.block_2d:
-        t = q.tile_axis
-        factor = lax.slice_in_dim(jnp.repeat(factor, BLOCK, axis=t), 0, q.shape[t], axis=t)
-    x = lax.slice_in_dim(vals * factor, 0, q.shape[q.axis], axis=q.axis)
+    x = lax.slice_in_dim(vals * q.per_element(factor), 0, q.shape[q.axis], axis=q.axis)
     return x.astype(dtype)
 
 
@@ -320,8 +316,5 @@ def scaled_codes_bf16(q: NVFP4Array) -> jax.Array:
     so the product is exact. Padding is dropped.
     """
     vals = formats.e2m1_to_bf16(formats.unpack_codes(q.data, q.axis))
-    s = jnp.repeat(q.scales.astype(jnp.bfloat16), BLOCK, axis=q.axis)
-    if q.block_2d:
-        t = q.tile_axis
-        s = lax.slice_in_dim(jnp.repeat(s, BLOCK, axis=t), 0, q.shape[t], axis=t)
+    s = q.per_element(q.scales.astype(jnp.bfloat16))
     return lax.slice_in_dim(vals * s, 0, q.shape[q.axis], axis=q.axis)
