@@ -31,17 +31,41 @@ def mix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
-def key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Two uint32 words from a typed or raw (uint32[2]) ``jax.random`` key."""
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+def check_key(key: object, what: str = "key") -> jax.Array:
+    """Validates a single ``jax.random`` key, typed (``jax.random.key``) or raw
+    (``jax.random.PRNGKey``, uint32 key data), and returns it as an array.
+
+    Raises `TypeError` for anything else (e.g. an int seed) and `ValueError` for a
+    batch of keys, naming ``what``.
+
+    Example:
+      >>> import jax
+      >>> check_key(jax.random.PRNGKey(0)).dtype
+      dtype('uint32')
+    """
+    if isinstance(key, (int, float)) or not hasattr(key, "dtype"):
+        raise TypeError(
+            f"{what} must be a jax.random key (jax.random.key(seed) or jax.random.PRNGKey(seed)), "
+            f"got {type(key).__name__} {key!r}"
+        )
+    key = jnp.asarray(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        words = jax.random.key_data(key)
+        if key.shape != ():
+            raise ValueError(f"{what} must be a single jax.random key, got a batch of shape {key.shape}")
     elif key.dtype == jnp.uint32:
-        words = key
+        if key.ndim != 1 or key.shape[0] < 2:
+            raise ValueError(
+                f"{what} must be a single jax.random key, got key data of shape {key.shape}"
+            )
     else:
-        raise TypeError(f"key must be a jax.random key, got an array of dtype {key.dtype}")
-    if words.ndim != 1 or words.shape[0] < 2:
-        raise ValueError(f"key must be a single jax.random key, got key data of shape {words.shape}")
+        raise TypeError(f"{what} must be a jax.random key, got an array of dtype {key.dtype}")
+    return key
+
+
+def key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two uint32 words from a typed or raw (uint32[2]) ``jax.random`` key (validated)."""
+    key = check_key(key)
+    words = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     return words[0].astype(_U32), words[1].astype(_U32)
 
 

@@ -16,11 +16,15 @@ constraints on sizes (e.g. multiples of 128 rows) are not checked here.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from fp4jax import formats
-from fp4jax.formats import BLOCK, NVFP4Array
+from fp4jax.numerics import checks, layout, scales
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.nvfp4_array import NVFP4Array, pack_codes
 
 
 def _k_major(q: NVFP4Array, k_axis: int) -> tuple[jax.Array, jax.Array]:
@@ -34,10 +38,7 @@ def _k_major(q: NVFP4Array, k_axis: int) -> tuple[jax.Array, jax.Array]:
     if q.axis == k_axis:
         data, scales = q.data, q.scales
     else:  # a 2D-tiled operand packed along its other axis: repack along K
-        codes = q.codes()
-        pad = [(0, 0)] * nd
-        pad[k_axis] = (0, -q.shape[k_axis] % BLOCK)
-        data = formats.pack_codes(jnp.pad(codes, pad), k_axis)
+        data = pack_codes(layout.pad_to_block(q.codes(), k_axis), k_axis)
         scales = q.scales
     if k_axis == nd - 2:  # move K last
         data, scales = jnp.swapaxes(data, -1, -2), jnp.swapaxes(scales, -1, -2)
@@ -48,13 +49,20 @@ def _k_major(q: NVFP4Array, k_axis: int) -> tuple[jax.Array, jax.Array]:
     return f4, scales
 
 
-def matmul_native(lhs: NVFP4Array, rhs: NVFP4Array, out_dtype) -> jax.Array:
+def matmul(
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
+) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` through `jax.nn.scaled_matmul`.
 
-    Operands must already satisfy `fp4jax.matmul.check_operands`.
+    Same contract as `fp4jax.reference.gemm.matmul`; the result agrees with it up to
+    float32 summation order.
     """
-    from fp4jax.matmul import output_scale  # local import: matmul imports this module
+    checks.check_gemm_operands(lhs, rhs)
+    return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
 
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
     a, sa = _k_major(lhs, lhs.ndim - 1)
     b, sb = _k_major(rhs, rhs.ndim - 2)
     if a.shape[-1] != b.shape[-1]:
@@ -68,4 +76,4 @@ def matmul_native(lhs: NVFP4Array, rhs: NVFP4Array, out_dtype) -> jax.Array:
         flat(a), flat(b), flat(sa), flat(sb), preferred_element_type=jnp.float32
     )
     acc = acc.reshape(*batch, *acc.shape[-2:])
-    return (acc * output_scale(lhs, rhs)).astype(out_dtype)
+    return (acc * scales.output_scale(lhs.amax, rhs.amax)).astype(out_dtype)

@@ -1,4 +1,4 @@
-"""The 16×16 random Hadamard transform (RHT) used on wgrad operands (RECIPE.md §4)."""
+"""The 16×16 random Hadamard transform (RHT) used on wgrad operands (docs/RECIPE.md §4)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4jax import formats
-from fp4jax import rounding
+from fp4jax.numerics import layout, rounding
+from fp4jax.numerics.constants import BLOCK
 
 DEFAULT_SIGNS: tuple[int, ...] = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 """Transformer Engine's fixed wgrad sign vector, shared by all layers for the whole run."""
@@ -23,12 +23,12 @@ def check_signs(signs: Sequence[int] | None) -> tuple[int, ...]:
         signs = tuple(int(s) for s in np.asarray(signs).reshape(-1))
     except (TypeError, ValueError) as e:
         raise TypeError(f"hadamard_signs must be 16 integers ±1, got {signs!r}") from e
-    if len(signs) != formats.BLOCK or any(s not in (-1, 1) for s in signs):
+    if len(signs) != BLOCK or any(s not in (-1, 1) for s in signs):
         raise ValueError(f"hadamard_signs must be 16 entries of +1/-1, got {signs}")
     return signs
 
 
-def sylvester_hadamard(n: int = formats.BLOCK) -> np.ndarray:
+def sylvester_hadamard(n: int = BLOCK) -> np.ndarray:
     """The ``n×n`` Sylvester Hadamard matrix (entries ±1), ``n`` a power of two."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {n}")
@@ -82,9 +82,9 @@ def rht(
       True
     """
     x = jnp.asarray(x)
-    axis = formats.normalize_axis(axis, x.ndim)
+    axis = layout.normalize_axis(axis, x.ndim)
     n = x.shape[axis]
-    if n % formats.BLOCK:
+    if n % BLOCK:
         raise ValueError(
             f"the Hadamard transform needs the length of axis {axis} to be a multiple of 16; "
             f"got shape {x.shape}"
@@ -93,13 +93,13 @@ def rht(
     s = jnp.asarray(check_signs(signs), dtype=jnp.float32)
     y = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
     lead = y.shape[:-1]
-    y = y.reshape(*lead, n // formats.BLOCK, formats.BLOCK) * s
+    y = y.reshape(*lead, n // BLOCK, BLOCK) * s
     h = 1
-    while h < formats.BLOCK:
+    while h < BLOCK:
         # Pairs (i, i + h) within each group of 2h: Sylvester order, H = [[H, H], [H, -H]].
-        g = y.reshape(*lead, n // formats.BLOCK, formats.BLOCK // (2 * h), 2, h)
+        g = y.reshape(*lead, n // BLOCK, BLOCK // (2 * h), 2, h)
         a, b = g[..., 0, :], g[..., 1, :]
-        y = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n // formats.BLOCK, formats.BLOCK)
+        y = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n // BLOCK, BLOCK)
         h *= 2
     y = (y * 0.25).reshape(*lead, n)
     return jnp.moveaxis(rounding.round_to_dtype(y, round_to), -1, axis)

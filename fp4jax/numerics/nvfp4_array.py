@@ -1,6 +1,6 @@
-"""NVFP4 storage format: E2M1 codes, E4M3 block scales and the `NVFP4Array` pytree.
+"""NVFP4 storage: E2M1 code packing and decoding, and the `NVFP4Array` pytree.
 
-An NVFP4 tensor is stored in three parts (RECIPE.md §1):
+An NVFP4 tensor is stored in three parts (docs/docs/RECIPE.md §1):
 
 * ``data``: two 4-bit E2M1 codes per byte, even element in the low nibble, laid out
   like the input with the quantized axis halved (after zero-padding that axis to a
@@ -22,62 +22,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-BLOCK = 16
-"""Elements per NVFP4 block (and the side of a 2D weight tile)."""
-
-E2M1_MAX = 6.0
-"""Largest E2M1 magnitude."""
-
-E4M3_MAX = 448.0
-"""Largest finite ``float8_e4m3fn`` magnitude."""
-
-FLT_MAX = float(np.finfo(np.float32).max)
-
-E2M1_VALUES = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-    dtype=np.float32,
-)
-"""Value of each 4-bit E2M1 code ``s e1 e0 m`` (code 8 is −0)."""
-
-SUPPORTED_INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-
-def check_input_dtype(dtype: Any, what: str) -> jnp.dtype:
-    """Returns ``dtype`` as a numpy dtype or raises `TypeError` naming ``what``."""
-    dtype = jnp.dtype(dtype)
-    if dtype not in SUPPORTED_INPUT_DTYPES:
-        raise TypeError(
-            f"{what} has dtype {dtype}; NVFP4 quantization takes float32, bfloat16 or "
-            "float16 inputs"
-        )
-    return dtype
-
-
-def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
-    """Returns ``axis`` in ``[0, ndim)`` or raises `ValueError`."""
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{what} must be an int, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{what}={axis} is out of range for an array of rank {ndim}")
-    return int(axis) % ndim
-
-
-def num_blocks(n: int) -> int:
-    """Number of 16-element blocks covering ``n`` elements (the last may be partial)."""
-    return -(-n // BLOCK)
-
-
-def tile_axis_for(axis: int, ndim: int) -> int:
-    """The second axis of a 2D (16×16) tile: the other of the array's last two axes."""
-    if ndim < 2 or axis not in (ndim - 2, ndim - 1):
-        raise ValueError(
-            f"2D (16x16) blocks need the quantized axis to be one of the last two axes of an "
-            f"array of rank >= 2; got axis={axis} for rank {ndim}"
-        )
-    return ndim - 1 if axis == ndim - 2 else ndim - 2
-
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.layout import num_blocks, tile_axis_for
 
 def pack_codes(codes: jax.Array, axis: int) -> jax.Array:
     """Packs 4-bit codes two per byte along ``axis`` (even element in the low nibble).

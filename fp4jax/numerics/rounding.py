@@ -11,9 +11,16 @@ results are exactly representable in the target format.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+Rounding = Literal["nearest", "stochastic"]
+"""E2M1 element rounding: round-to-nearest-even or unbiased stochastic rounding."""
+
+ROUNDINGS: tuple[str, ...] = ("nearest", "stochastic")
 
 _U32 = jnp.uint32
 
@@ -162,7 +169,7 @@ def round_to_dtype(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
 def e2m1_code_nearest(a: jax.Array) -> jax.Array:
     """E2M1 magnitude code (0..7) of ``a = |v|`` in ``[0, 6]``, round-to-nearest-even.
 
-    Ties: 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4 (RECIPE.md §2.6). NaN
+    Ties: 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4 (docs/RECIPE.md §2.6). NaN
     maps to 0, as in Transformer Engine's reference.
     """
     m = (

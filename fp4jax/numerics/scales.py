@@ -1,0 +1,81 @@
+"""The two-level NVFP4 scale formulas (docs/RECIPE.md §2.2, §2.4, §2.5, §2.7, §9).
+
+Every formula is float32 with the rounding order the recipe fixes, and every division
+is `rounding.div_rn` (correctly rounded on every backend), so the scales are the same
+bits on CPU and GPU, in the reference and in the kernels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4jax.numerics import rounding
+from fp4jax.numerics.constants import (
+    E4M3_MAX,
+    FLT_MAX,
+    GLOBAL_SCALE_NUMERATOR,
+    INV_E2M1_MAX,
+    INV_GLOBAL_SCALE_NUMERATOR,
+)
+
+_F32 = jnp.float32
+
+
+def global_encode_scale(amax: jax.typing.ArrayLike) -> jax.Array:
+    """``ges = min(fl(2688 / amax), FLT_MAX)``, or 1 when ``amax == 0`` or that is 0.
+
+    A non-finite ``amax`` gives NaN (non-finite inputs poison the whole tensor).
+
+    Example:
+      >>> float(global_encode_scale(2688.0))
+      1.0
+    """
+    amax = jnp.asarray(amax, _F32)
+    finite = jnp.isfinite(amax)
+    safe = jnp.where(finite, jnp.abs(amax), np.float32(1.0))
+    ges = jnp.minimum(rounding.div_rn(np.float32(GLOBAL_SCALE_NUMERATOR), safe), np.float32(FLT_MAX))
+    ges = jnp.where((safe == 0) | (ges == 0), np.float32(1.0), ges)
+    return jnp.where(finite, ges, np.float32(np.nan))
+
+
+def global_decode_scale(amax: jax.typing.ArrayLike) -> jax.Array:
+    """``gds = fl(1 / ges)``: the factor an NVFP4 GEMM applies per operand.
+
+    Example:
+      >>> float(global_decode_scale(2688.0))
+      1.0
+    """
+    ges = global_encode_scale(amax)
+    nan = jnp.isnan(ges)
+    return jnp.where(nan, ges, rounding.div_rn(np.float32(1.0), jnp.where(nan, 1, ges)))
+
+
+def block_decode_scale(bamax: jax.Array, ges: jax.Array) -> jax.Array:
+    """The E4M3 block decode scale ``s = e4m3_rne(min(fl(bamax · fl(ges · fl(1/6))), 448))``.
+
+    Returns a float32 holding the exact E4M3 value. Note the multiplication order: not
+    ``fl(bamax / 6) · ges`` and not ``bamax · fl(ges / 6)``; each differs by an ulp.
+    """
+    d = jnp.minimum(bamax * (ges * INV_E2M1_MAX), np.float32(E4M3_MAX))
+    return rounding.round_to_e4m3(d)
+
+
+def block_encode_scale(s: jax.Array, gds: jax.Array) -> jax.Array:
+    """Per-block encode scale ``min(fl(1 / fl(s · gds)), FLT_MAX)``.
+
+    ``s`` is the float32 value of the E4M3 block decode scale; ``s == 0`` gives
+    ``FLT_MAX`` (nonzero elements then saturate to codes 7/15).
+    """
+    return jnp.minimum(rounding.div_rn(np.float32(1.0), s * gds), np.float32(FLT_MAX))
+
+
+def element_decode_factor(s: jax.Array, amax: jax.Array) -> jax.Array:
+    """``fl(fl(s · amax) · fl(1/2688))``: what one E2M1 value is multiplied by on decode."""
+    return (s * amax) * INV_GLOBAL_SCALE_NUMERATOR
+
+
+def output_scale(lhs_amax: jax.Array, rhs_amax: jax.Array) -> jax.Array:
+    """``fl(gds_lhs · gds_rhs)``: the float32 factor an NVFP4 GEMM applies to its accumulator."""
+    return global_decode_scale(lhs_amax) * global_decode_scale(rhs_amax)

@@ -1,0 +1,61 @@
+"""The emulated NVFP4 GEMM in pure JAX (docs/RECIPE.md §6, §9).
+
+Each operand is decoded to ``code · s`` in BF16 (exact: E2M1 × E4M3 has at most 6
+significant bits), multiplied by XLA's dot with FP32 accumulation, and the
+accumulator is scaled by ``fl(gds_lhs · gds_rhs)``. On Hopper this is cuBLAS at BF16
+speed plus one decode pass per operand.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4jax.numerics import checks, scales
+from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.reference.quantization import scaled_codes_bf16
+
+
+def matmul(
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
+) -> jax.Array:
+    """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
+
+    Args:
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
+      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
+      preferred_element_type: output dtype.
+
+    Returns:
+      ``(..., M, N)`` array of ``preferred_element_type``.
+
+    Mathematically equivalent to::
+
+      dequantize(lhs) @ dequantize(rhs)   # up to float32 summation order
+
+    Example:
+      >>> import jax, fp4jax
+      >>> from fp4jax.reference import gemm
+      >>> a = fp4jax.quantize(jax.random.normal(jax.random.key(0), (8, 32)))
+      >>> b = fp4jax.quantize(jax.random.normal(jax.random.key(1), (32, 4)), axis=0)
+      >>> gemm.matmul(a, b).shape
+      (8, 4)
+    """
+    checks.check_gemm_operands(lhs, rhs)
+    return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
+    a = scaled_codes_bf16(lhs)
+    b = scaled_codes_bf16(rhs)
+    nd = lhs.ndim
+    batch = tuple(range(nd - 2))
+    acc = lax.dot_general(
+        a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32
+    )
+    return (acc * scales.output_scale(lhs.amax, rhs.amax)).astype(out_dtype)
