@@ -34,10 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax import formats
-from fp4jax.dot_general import _Canon, _normalize_dn, _quantize
-from fp4jax.quantize import block_encode_scale, dequantize, global_decode_scale
-from fp4jax.formats import BLOCK, NVFP4Array
+from fp4jax import implementation
+from fp4jax.numerics import layout
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.scales import block_encode_scale, global_decode_scale
+from fp4jax.quantized_dot import Canonical, normalize_dimension_numbers, quantize_operand
 from fp4jax.recipe import Recipe
 
 STAT_NAMES = ("amax", "flush_to_zero", "saturated_blocks", "underflow_blocks", "rel_error")
@@ -46,18 +48,11 @@ STAT_NAMES = ("amax", "flush_to_zero", "saturated_blocks", "underflow_blocks", "
 _F32 = jnp.float32
 
 
-def _pad(x: jax.Array, axis: int, length: int) -> jax.Array:
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, length - x.shape[axis])
-    return jnp.pad(x, widths)
-
-
 def _block_any(mask: jax.Array, q: NVFP4Array) -> jax.Array:
     """Per block (or 16×16 tile) ``any(mask)``; ``mask`` has the padded layout."""
     axes = [q.axis] + ([q.tile_axis] if q.block_2d else [])
     for ax in axes:
-        n = formats.num_blocks(mask.shape[ax]) * BLOCK
-        mask = _pad(mask, ax, n)
+        mask = layout.pad_to_block(mask, ax)
     shape: list[int] = []
     red: list[int] = []
     for ax, n in enumerate(mask.shape):
@@ -95,14 +90,14 @@ def tensor_stats(x: jax.typing.ArrayLike, q: NVFP4Array) -> dict[str, jax.Array]
     if q.hadamard:
         raise ValueError("tensor_stats compares with x directly: q must not be Hadamard-rotated")
     x = lax.stop_gradient(x).astype(_F32)
-    xq = dequantize(q, _F32)
+    xq = implementation.dequantize(q, _F32)
     nonzero = x != 0
     n_nonzero = jnp.maximum(jnp.sum(nonzero), 1).astype(_F32)
     flushed = nonzero & (xq == 0)
 
     # Per-element block decode scale s (padded layout along q.axis), as quantize uses it.
     s = q.block_scales(_F32)
-    xp = _pad(x, q.axis, q.padded_length)
+    xp = layout.pad_axis(x, q.axis, q.padded_length)
     gds = global_decode_scale(q.amax)
     enc = block_encode_scale(s, gds)
     clipped = jnp.abs(xp * enc) >= np.float32(7.0)  # rounds past 6 on an unbounded grid
@@ -164,11 +159,11 @@ def fprop_stats(
     lhs = lax.stop_gradient(jnp.asarray(lhs))
     rhs = lax.stop_gradient(jnp.asarray(rhs))
     # The same canonical form and quantizer as fp4jax.dot_general's forward GEMM.
-    dn = _normalize_dn(dimension_numbers, lhs.ndim, rhs.ndim)
-    c = _Canon(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
+    dn = normalize_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
+    c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
     a, b = c.lhs(lhs), c.rhs(rhs)
-    qa = _quantize(a, 2, recipe.fprop_lhs, key, "fprop_lhs", recipe)
-    qb = _quantize(b, 1, recipe.fprop_rhs, key, "fprop_rhs", recipe)
+    qa = quantize_operand(a, 2, recipe.fprop_lhs, key, "fprop_lhs", recipe)
+    qb = quantize_operand(b, 1, recipe.fprop_rhs, key, "fprop_rhs", recipe)
     return {"x": tensor_stats(a, qa), "w": tensor_stats(b, qb)}
 
 

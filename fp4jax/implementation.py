@@ -1,26 +1,47 @@
-"""Choosing an implementation: ``impl="xla" | "pallas" | "native" | "auto"``.
+"""The implementation choice: the one place that knows ``impl=``.
 
-* ``"xla"``: the pure-JAX reference (every platform).
-* ``"pallas"``: the Hopper kernels in `pallas_kernels` (sm_90). A shape or dtype a
-  kernel cannot take raises its `ValueError`.
-* ``"native"``: the GEMM goes to `jax.nn.scaled_matmul` (cuDNN's block-scaled FP4
-  GEMM on Blackwell, sm_100+; untested there, see `fp4jax.native`); quantization
-  uses the XLA path.
-* ``"auto"``: ``"native"`` on sm_100+, the kernels on sm_90 where they take the
-  shape (the XLA path otherwise, silently), the XLA path elsewhere.
+Every quantization and NVFP4 GEMM in fp4jax goes through this module, which picks one
+of three backends and calls it:
+
+* ``"xla"``: the pure-JAX reference (`fp4jax.reference`), on every platform;
+* ``"pallas"``: the Hopper kernels (`pallas_kernels`, sm_90);
+* ``"native"``: the GEMM through `jax.nn.scaled_matmul` (cuDNN's block-scaled FP4 GEMM
+  on Blackwell, sm_100+; **untested there**, see `fp4jax.native_gemm`); quantization
+  then uses the reference.
+
+``impl="auto"`` picks per call: ``"native"`` GEMMs on sm_100+, on sm_90 the kernels
+where they take the problem and the measured policy prefers them (`auto_prefers_gemm_kernel`,
+`auto_prefers_quantize_kernel`), the reference otherwise. An explicit ``impl="pallas"``
+never falls back: a problem the kernel does not take raises `ValueError` with the
+kernel's own reason (its ``supports()`` predicate).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
+
+from fp4jax import native_gemm
+from fp4jax.numerics import checks, layout
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.rounding import Rounding
+from fp4jax.reference import gemm as reference_gemm
+from fp4jax.reference import quantization as reference_quantization
 
 Impl = Literal["xla", "pallas", "native", "auto"]
-IMPLS = ("xla", "pallas", "native", "auto")
+"""What a caller asks for."""
+
+Backend = Literal["xla", "pallas", "native"]
+"""What actually runs."""
+
+IMPLS: tuple[str, ...] = ("xla", "pallas", "native", "auto")
 
 
-def check_impl(impl: str) -> str:
+def check_impl(impl: Any) -> Impl:
     """Returns ``impl`` or raises `ValueError` naming the valid choices."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -37,41 +58,283 @@ def gpu_capability() -> tuple[int, int] | None:
     return major, minor
 
 
-def resolve(impl: str) -> str:
-    """The concrete implementation ``impl`` means on the default device.
+def auto_prefers_gemm_kernel(m: int, n: int, k: int) -> bool:
+    """Whether ``"auto"`` sends an (M, K) × (K, N) NVFP4 GEMM to the Hopper kernel.
 
-    Returns ``"xla"``, ``"pallas"``, ``"native"`` or ``"auto-pallas"`` (kernels where
-    they take the shape, XLA otherwise).
-    """
-    check_impl(impl)
-    if impl != "auto":
-        return impl
-    cc = gpu_capability()
-    if cc is None:
-        return "xla"
-    if cc >= (10, 0):
-        return "native"
-    if cc >= (9, 0):
-        return "auto-pallas"
-    return "xla"
-
-
-def auto_uses_gemm_kernel(m: int, n: int, k: int) -> bool:
-    """Whether ``impl="auto"`` sends an (M, K) x (K, N) NVFP4 GEMM to the Hopper kernel.
-
-    From the H200 measurements in docs/BENCHMARKS.md (2026-11-29): the kernel beat
-    the XLA dequantize+dot path at 4096³ (270 vs 225 TFLOP/s) and on the skinny
-    16×8192×8192 shape (14.0 vs 6.9) but lost at 8192³ (394 vs 513), so the
-    crossover lies between 4096 and 8192.
+    The measured crossover (docs/BENCHMARKS.md): the kernel beats the XLA
+    decode-and-dot path on skinny (M ≤ 64) shapes and up to 4096³, and loses at 8192³.
     """
     return m <= 64 or max(m, n, k) <= 4096
 
 
-def auto_uses_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
-    """Whether ``impl="auto"`` quantizes with the Pallas kernel.
+def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
+    """Whether ``"auto"`` quantizes with the Pallas kernel.
 
-    Columnwise (along tokens) stochastic rounding is excluded: on the H200 one
-    element of a 384×640 test differed from the reference (2026-11-29), cause not
-    found, so it stays on the bit-exact XLA path until fixed.
+    Columnwise (along tokens) stochastic rounding stays on the reference until the
+    kernel's GPU output is shown bit-identical (docs/BENCHMARKS.md, kernel notes).
     """
     return not (columnwise and stochastic)
+
+
+def choose(
+    impl: Impl, *, gemm: bool, kernel_reason: Callable[[], str | None], auto_prefers_kernel: bool
+) -> Backend:
+    """The backend that runs one quantization (``gemm=False``) or GEMM (``gemm=True``).
+
+    Args:
+      impl: what the caller asked for.
+      gemm: whether the call is a GEMM (``"native"`` applies to GEMMs only).
+      kernel_reason: returns None when the Pallas kernel takes the problem, else why not
+        (the kernel module's ``supports()``); called only when the kernel is considered.
+      auto_prefers_kernel: the measured policy's verdict for this problem on sm_90.
+
+    Raises:
+      ValueError: ``impl="pallas"`` for a problem the kernel does not take.
+    """
+    match check_impl(impl):
+        case "xla":
+            return "xla"
+        case "native":
+            return "native" if gemm else "xla"
+        case "pallas":
+            reason = kernel_reason()
+            if reason is not None:
+                raise ValueError(
+                    f"impl='pallas': the Pallas kernel does not take this "
+                    f"{'GEMM' if gemm else 'quantization'}: {reason} (use impl='auto' to fall "
+                    "back to the XLA path where the kernel does not apply)"
+                )
+            return "pallas"
+        case "auto":
+            cc = gpu_capability()
+            if cc is None or cc < (9, 0):
+                return "xla"
+            if cc >= (10, 0):
+                return "native" if gemm else "xla"
+            if auto_prefers_kernel and kernel_reason() is None:
+                return "pallas"
+            return "xla"
+
+
+def quantize(
+    x: jax.typing.ArrayLike,
+    *,
+    axis: int = -1,
+    block_2d: bool = False,
+    rounding: Rounding = "nearest",
+    key: jax.Array | None = None,
+    hadamard: bool = False,
+    hadamard_signs: Sequence[int] | None = None,
+    amax: jax.typing.ArrayLike | None = None,
+    impl: Impl = "xla",
+) -> NVFP4Array:
+    """Quantizes ``x`` to NVFP4 with 16-element blocks along ``axis``.
+
+    Steps (docs/RECIPE.md §2, every step in float32): global amax; global encode scale
+    ``ges``; per-block amax; block decode scale ``s = e4m3(min(bamax * fl(ges *
+    fl(1/6)), 448))``; per-block encode scale ``min(1 / (s * gds), FLT_MAX)``;
+    elements ``clamp(x * enc, -6, 6)`` rounded to E2M1 (nearest-even or stochastic),
+    the sign taken from ``v < 0``.
+
+    A partial last block along ``axis`` is **zero-padded** (zeros change no amax);
+    the padding is stored in ``data`` but `dequantize` drops it. With
+    ``hadamard=True`` the length of ``axis`` must be a multiple of 16
+    (`ValueError` otherwise), because the rotation would mix padding into real
+    values.
+
+    Non-finite inputs: if ``x`` holds a NaN or ±inf, the stored ``amax`` is NaN, so
+    every dequantized element and every GEMM output using this tensor is NaN — a
+    non-finite input is never turned into finite values.
+
+    Args:
+      x: float32, bfloat16 or float16 array of rank >= 1.
+      axis: the block (contraction) axis.
+      block_2d: one scale per 16×16 tile spanning ``axis`` and the other of the last
+        two axes (for weights, docs/RECIPE.md §3). ``axis`` must be one of the last two.
+      rounding: ``"nearest"`` (round-to-nearest-even) or ``"stochastic"`` (unbiased;
+        needs ``key``; docs/RECIPE.md §5).
+      key: a ``jax.random`` key (typed or raw), required for stochastic rounding. The
+        same key gives the same bits.
+      hadamard: quantize ``RHT(x)`` along ``axis`` (amax taken after the transform);
+        `dequantize` then returns rotated-domain values.
+      hadamard_signs: the RHT sign vector (16 entries ±1); default
+        `fp4jax.DEFAULT_HADAMARD_SIGNS`.
+      amax: a precomputed global amax (float scalar), e.g. reduced across devices.
+        Must be at least ``max|x|`` (of the rotated ``x`` with ``hadamard``).
+      impl: ``"xla"`` (the pure-JAX reference), ``"pallas"`` (the fused Hopper kernel;
+        bit-identical) or ``"auto"``; see this module's docstring.
+
+    Returns:
+      An `NVFP4Array`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, fp4jax
+      >>> x = jax.random.normal(jax.random.key(0), (4, 64), jnp.bfloat16)
+      >>> q = fp4jax.quantize(x)
+      >>> y = fp4jax.dequantize(q)
+      >>> bool(jnp.all(fp4jax.dequantize(fp4jax.quantize(y)) == y))  # idempotent
+      True
+    """
+    args = checks.check_quantize_arguments(
+        x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
+        hadamard_signs=hadamard_signs, amax=amax)
+    kw = dict(axis=args.axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
+              hadamard_signs=args.hadamard_signs, amax=args.amax)
+
+    def kernel_reason() -> str | None:
+        from pallas_kernels import quantize_single
+
+        return quantize_single.supports(
+            args.x.shape, args.x.dtype, axis=args.axis, block_2d=block_2d, hadamard=hadamard)
+
+    backend = choose(
+        impl, gemm=False, kernel_reason=kernel_reason,
+        auto_prefers_kernel=auto_prefers_quantize_kernel(
+            columnwise=args.axis != args.x.ndim - 1, stochastic=rounding == "stochastic"))
+    if backend == "pallas":
+        from pallas_kernels import quantize_single
+
+        return quantize_single.quantize(args.x, **kw)
+    return reference_quantization.quantize(args.x, **kw)
+
+
+def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:
+    """Decodes an `NVFP4Array` to a dense array (docs/RECIPE.md §2.7).
+
+    ``x̂ = fl(e2m1(code) * fl(fl(f32(s) * amax) * fl(1/2688)))`` per element, then cast
+    to ``dtype``. Padding is dropped. For ``q.hadamard`` the result is in the rotated
+    domain. One implementation on every platform (XLA fuses it into its consumer).
+
+    Args:
+      q: the quantized tensor.
+      dtype: output dtype (a float type).
+
+    Returns:
+      Array of shape ``q.shape`` and dtype ``dtype``.
+
+    Example:
+      >>> import jax.numpy as jnp, fp4jax
+      >>> x = jnp.array([[0.0, 1.0, -2.0, 6.0] * 4])
+      >>> fp4jax.dequantize(fp4jax.quantize(x))[0, :4].tolist()
+      [0.0, 1.0, -2.0, 6.0]
+    """
+    return reference_quantization.dequantize(q, dtype)
+
+
+def quantize_rowwise_columnwise(
+    x: jax.Array,
+    *,
+    rounding: Rounding = "nearest",
+    row_key: jax.Array | None = None,
+    col_key: jax.Array | None = None,
+    hadamard_signs: Sequence[int] | None = None,
+    impl: Impl = "xla",
+) -> tuple[NVFP4Array, NVFP4Array]:
+    """The two copies of an ``(M, K)`` tensor that a linear layer keeps for its GEMMs.
+
+    The rowwise copy has 1D blocks along K (fprop's X, dgrad's dY); the columnwise copy
+    is Hadamard-rotated with blocks along M (wgrad's Xᵀ, dYᵀ), with M zero-padded to a
+    multiple of 16 first. Both use ``rounding``; with the kernel one read of ``x``
+    produces both.
+
+    Mathematically equivalent to::
+
+      (quantize(x, axis=1, rounding=rounding, key=row_key),
+       quantize(pad_to_block(x, 0), axis=0, hadamard=True, rounding=rounding, key=col_key))
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from fp4jax import implementation
+      >>> x = jax.random.normal(jax.random.key(0), (40, 64), jnp.bfloat16)
+      >>> r, c = implementation.quantize_rowwise_columnwise(x)
+      >>> r.shape, c.shape, c.hadamard
+      ((40, 64), (48, 64), True)
+    """
+    x = jnp.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_rowwise_columnwise takes an (M, K) array, got shape {x.shape}")
+    m = x.shape[0]
+    padded = layout.pad_to_block(x, 0)
+
+    def kernel_reason() -> str | None:
+        from pallas_kernels import quantize_two_output
+
+        return quantize_two_output.supports(
+            (layout.num_blocks(m) * BLOCK,) + x.shape[1:], x.dtype)
+
+    backend = choose(
+        impl, gemm=False, kernel_reason=kernel_reason,
+        auto_prefers_kernel=auto_prefers_quantize_kernel(
+            columnwise=True, stochastic=rounding == "stochastic"))
+    if backend == "pallas":
+        from pallas_kernels import quantize_two_output
+
+        row, col = quantize_two_output.quantize_rowwise_columnwise(
+            padded, rounding=rounding, row_key=row_key, col_key=col_key,
+            hadamard_signs=hadamard_signs)
+        # Zero rows change neither the amax nor any other row's codes, scales or SR bits
+        # (the counter is the index within the padded row), so the rowwise copy of the
+        # unpadded tensor is the first m rows.
+        return row.take_leading(m), col
+    row = reference_quantization.quantize(x, axis=1, rounding=rounding, key=row_key)
+    col = reference_quantization.quantize(
+        padded, axis=0, hadamard=True, rounding=rounding, key=col_key,
+        hadamard_signs=hadamard_signs)
+    return row, col
+
+
+def matmul(
+    lhs: NVFP4Array,
+    rhs: NVFP4Array,
+    *,
+    preferred_element_type: Any = jnp.float32,
+    impl: Impl = "xla",
+    lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
+) -> jax.Array:
+    """Multiplies two NVFP4 tensors: ``lhs (..., M, K) @ rhs (..., K, N)``.
+
+    Emulated exactly on hardware without FP4 tensor cores (docs/RECIPE.md §9): each
+    operand is decoded to ``code · s`` in BF16 (exact), multiplied with FP32
+    accumulation, and the accumulator is scaled by ``fl(gds_lhs · gds_rhs)``.
+
+    Args:
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
+      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
+      preferred_element_type: output dtype.
+      impl: ``"xla"`` (decode to BF16 and XLA's dot), ``"pallas"`` (the Hopper
+        kernel, decode in-kernel), ``"native"`` (`jax.nn.scaled_matmul`, Blackwell;
+        untested there) or ``"auto"``; see this module's docstring.
+      lhs_from_mT: a layout hint for the kernel: ``lhs`` is the ``.mT`` view of an
+        array blocked along its rows (wgrad's Xᵀ). Results do not depend on it.
+
+    Returns:
+      ``(..., M, N)`` array of ``preferred_element_type``.
+
+    Mathematically equivalent to::
+
+      dequantize(lhs) @ dequantize(rhs)   # up to float32 summation order
+
+    Example:
+      >>> import jax, jax.numpy as jnp, fp4jax
+      >>> a = fp4jax.quantize(jax.random.normal(jax.random.key(0), (8, 32)))
+      >>> b = fp4jax.quantize(jax.random.normal(jax.random.key(1), (32, 4)), axis=0)
+      >>> fp4jax.matmul(a, b).shape
+      (8, 4)
+    """
+    checks.check_gemm_operands(lhs, rhs)
+    out_dtype = jnp.dtype(preferred_element_type)
+    m, k, n = lhs.shape[-2], lhs.shape[-1], rhs.shape[-1]
+
+    def kernel_reason() -> str | None:
+        from pallas_kernels import gemm
+
+        return gemm.supports(lhs, rhs, lhs_from_mT=lhs_from_mT)
+
+    backend = choose(impl, gemm=True, kernel_reason=kernel_reason,
+                     auto_prefers_kernel=auto_prefers_gemm_kernel(m, n, k))
+    if backend == "pallas":
+        from pallas_kernels import gemm
+
+        return gemm.matmul(lhs, rhs, preferred_element_type=out_dtype, lhs_from_mT=lhs_from_mT)
+    backend_matmul = native_gemm.matmul if backend == "native" else reference_gemm.matmul
+    return backend_matmul(lhs, rhs, preferred_element_type=out_dtype)

@@ -1,7 +1,7 @@
 """`dot_general` with NVFP4 forward, data-gradient and weight-gradient GEMMs.
 
 A drop-in for `jax.lax.dot_general` whose three GEMMs are each quantized as a
-`Recipe` says (RECIPE.md §6). Any dimension numbers work: operands are brought to a
+`Recipe` says (docs/RECIPE.md §6). Any dimension numbers work: operands are brought to a
 canonical ``(B, M, K) × (B, K, N)`` form (batch dims flattened to B, free dims to M
 and N, contracting dims to K), so 16-blocks run along the flattened contraction.
 
@@ -24,16 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax import dispatch
-from fp4jax import formats
-from fp4jax import matmul as matmul_lib
-from fp4jax import quantize as quantize_lib
-from fp4jax.formats import BLOCK, NVFP4Array
+from fp4jax import implementation
+from fp4jax.implementation import Impl
+from fp4jax.numerics import checks, layout, random_bits
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 
 DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
 
-_ROLE_IDS = {
+ROLE_IDS = {
     "fprop_lhs": 0,
     "fprop_rhs": 1,
     "dgrad_grad": 2,
@@ -44,7 +43,7 @@ _ROLE_IDS = {
 
 
 @functools.partial(jax.tree_util.register_static)
-class _Canon:
+class Canonical:
     """Static description of the canonical (B, M, K) x (B, K, N) form of one call."""
 
     def __init__(self, lhs_shape, rhs_shape, dn: DimensionNumbers, lhs_dtype, rhs_dtype):
@@ -73,7 +72,7 @@ class _Canon:
         return hash(self._key())
 
     def __eq__(self, other):
-        return isinstance(other, _Canon) and self._key() == other._key()
+        return isinstance(other, Canonical) and self._key() == other._key()
 
     def lhs(self, x: jax.Array) -> jax.Array:
         return jnp.transpose(x, self.lhs_perm).reshape(self.B, self.M, self.K)
@@ -96,11 +95,12 @@ class _Canon:
         return jnp.transpose(db.reshape(shape), np.argsort(self.rhs_perm)).astype(self.rhs_dtype)
 
 
-def _normalize_dn(dn, lhs_ndim: int, rhs_ndim: int) -> DimensionNumbers:
+def normalize_dimension_numbers(dn: Any, lhs_ndim: int, rhs_ndim: int) -> DimensionNumbers:
+    """Validated dimension numbers with non-negative dims, or a `ValueError` naming them."""
     try:
         (lc, rc), (lb, rb) = dn
         norm = lambda dims, nd, what: tuple(  # noqa: E731
-            formats.normalize_axis(int(d), nd, what) for d in dims
+            layout.normalize_axis(int(d), nd, what) for d in dims
         )
         out = (
             (norm(lc, lhs_ndim, "lhs contracting dim"), norm(rc, rhs_ndim, "rhs contracting dim")),
@@ -118,133 +118,87 @@ def _normalize_dn(dn, lhs_ndim: int, rhs_ndim: int) -> DimensionNumbers:
     return out
 
 
-def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
-    """Zero-pads ``axis`` to a multiple of 16 (exact: both operands of the GEMM are
-    padded along the same contraction axis)."""
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, -x.shape[axis] % BLOCK)
-    return jnp.pad(x, widths) if widths[axis][1] else x
+def role_key(key: jax.Array | None, op: Operand, role: str) -> jax.Array | None:
+    """The SR key of one GEMM operand: ``fold_in(key, ROLE_IDS[role])``, or None for RNE."""
+    return None if not op.stochastic else jax.random.fold_in(key, ROLE_IDS[role])
 
 
-def _kernel_or_xla(impl: str, kernel_call, xla_call, auto_ok: bool = True):
-    """Runs the Pallas kernel for impl 'pallas'; 'auto-pallas' uses it where ``auto_ok``
-    (measured faster and verified) and falls back to the XLA path when the kernel does
-    not take the shape/dtype (its ValueError)."""
-    if impl == "pallas" or (impl == "auto-pallas" and auto_ok):
-        try:
-            return kernel_call()
-        except ValueError:
-            if impl == "pallas":
-                raise
-    return xla_call()
-
-
-def _role_key(key, op: Operand, role: str):
-    return None if not op.stochastic else jax.random.fold_in(key, _ROLE_IDS[role])
-
-
-def _quantize(x, axis: int, op: Operand, key, role: str, recipe: Recipe,
-              impl: str = "xla") -> NVFP4Array:
+def quantize_operand(x: jax.Array, axis: int, op: Operand, key: jax.Array | None, role: str,
+                     recipe: Recipe, impl: Impl = "xla") -> NVFP4Array:
+    """Quantizes one canonical GEMM operand as ``op`` says (padding the axis for the RHT)."""
     if op.hadamard:  # the rotation needs whole 16-runs
-        x = _pad_to_block(x, axis)
-    kw = dict(
-        axis=axis,
-        block_2d=op.block_2d,
-        rounding=op.rounding,
-        key=_role_key(key, op, role),
-        hadamard=op.hadamard,
-        hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
-    )
-
-    def kernel():
-        from pallas_kernels import quantize as kq
-        return kq.quantize(x, **kw)
-
-    auto_ok = dispatch.auto_uses_quantize_kernel(
-        columnwise=axis != x.ndim - 1, stochastic=op.stochastic)
-    return _kernel_or_xla(impl, kernel, lambda: quantize_lib.quantize(x, **kw), auto_ok)
+        x = layout.pad_to_block(x, axis)
+    return implementation.quantize(
+        x, axis=axis, block_2d=op.block_2d, rounding=op.rounding, key=role_key(key, op, role),
+        hadamard=op.hadamard, hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
+        impl=impl)
 
 
-def _with_batch(q: NVFP4Array) -> NVFP4Array:
-    """A (M, X) NVFP4Array viewed as (1, M, X)."""
-    return NVFP4Array(data=q.data[None], scales=q.scales[None], amax=q.amax,
-                      shape=(1,) + q.shape, dtype=q.dtype, axis=q.axis + 1,
-                      block_2d=q.block_2d, hadamard=q.hadamard)
-
-
-def _quantize_row_and_col(x, row_op: Operand, col_op: Operand, key, row_role: str,
-                          col_role: str, recipe: Recipe, impl: str):
+def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: str,
+                            col_role: str, recipe: Recipe, impl: Impl):
     """The rowwise (along the last axis) and columnwise (along tokens) copies of a
-    canonical (B, M, X) tensor; one read of x with the two-output kernel when it
-    applies (B == 1, 1D rowwise, Hadamard columnwise, one rounding)."""
-    fusable = (
-        x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard
-        and col_op.hadamard and row_op.rounding == col_op.rounding
-    )
-
-    def kernel():
-        from pallas_kernels import quantize as kq
-        m = x.shape[1]
-        r, c = kq.quantize_rowwise_columnwise(
-            _pad_to_block(x, 1)[0], rounding=row_op.rounding,
-            row_key=_role_key(key, row_op, row_role), col_key=_role_key(key, col_op, col_role),
-            hadamard_signs=recipe.hadamard_signs)
-        # Zero rows change neither the amax nor any other row's codes, scales or SR bits
-        # (the counter is the index within the padded row), so the rowwise copy of the
-        # unpadded tensor is the first m rows.
-        r = NVFP4Array(data=r.data[:m], scales=r.scales[:m], amax=r.amax,
-                       shape=(m,) + r.shape[1:], dtype=r.dtype, axis=r.axis,
-                       block_2d=r.block_2d, hadamard=r.hadamard)
-        return _with_batch(r), _with_batch(c)
-
-    def separate():
-        return (_quantize(x, 2, row_op, key, row_role, recipe, impl),
-                _quantize(x, 1, col_op, key, col_role, recipe, impl))
-
-    if fusable and (impl == "pallas" or (impl == "auto-pallas" and dispatch.auto_uses_quantize_kernel(
-            columnwise=True, stochastic=col_op.stochastic))):
-        try:
-            return kernel()
-        except ValueError:
-            pass
-    return separate()
+    canonical (B, M, X) tensor; one call of `implementation.quantize_rowwise_columnwise`
+    (one read with the kernel) when the recipe asks for a 1D rowwise and a Hadamard
+    columnwise copy with the same rounding."""
+    if (x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard and col_op.hadamard
+            and row_op.rounding == col_op.rounding):
+        row, col = implementation.quantize_rowwise_columnwise(
+            x[0], rounding=row_op.rounding, row_key=role_key(key, row_op, row_role),
+            col_key=role_key(key, col_op, col_role), hadamard_signs=recipe.hadamard_signs,
+            impl=impl)
+        return row.expand_leading(), col.expand_leading()
+    return (quantize_operand(x, 2, row_op, key, row_role, recipe, impl),
+            quantize_operand(x, 1, col_op, key, col_role, recipe, impl))
 
 
-def _bmm(a, b, precision, impl: str, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
+def _bmm(a, b, precision, impl: Impl, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
     if isinstance(a, NVFP4Array):
-        def kernel():
-            from pallas_kernels import matmul as km
-            return km.matmul(a, b, preferred_element_type=jnp.float32, lhs_from_mT=lhs_from_mT)
-
-        xla_impl = "native" if impl == "native" else "xla"
-        m, k = a.shape[-2:]
-        auto_ok = dispatch.auto_uses_gemm_kernel(m, b.shape[-1], k)
-        return _kernel_or_xla(impl, kernel, lambda: matmul_lib.matmul(
-            a, b, preferred_element_type=jnp.float32, impl=xla_impl), auto_ok)
+        return implementation.matmul(a, b, preferred_element_type=jnp.float32, impl=impl,
+                                     lhs_from_mT=lhs_from_mT)
     return lax.dot_general(
         a, b, (((2,), (1,)), ((0,), (0,))), precision=precision,
         preferred_element_type=jnp.float32,
     )
 
 
-def _mT(x):  # noqa: N802
-    return x.mT
+FORWARD_ROLES = ("fprop_lhs", "fprop_rhs", "dgrad_rhs", "wgrad_lhs")
+"""Operands quantized in the forward pass (the GEMM's and the residuals kept for backward)."""
+
+BACKWARD_ROLES = ("dgrad_grad", "wgrad_grad")
+"""Operands quantized in the backward pass (the incoming gradient's two copies)."""
 
 
-def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: str):
-    c = _Canon(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
+def missing_key_error(recipe: Recipe, roles: tuple[str, ...]) -> ValueError | None:
+    """The error to raise when ``roles`` of ``recipe`` round stochastically without a key."""
+    stochastic = [name for name, op in recipe.operands() if name in roles and op.stochastic]
+    if not stochastic:
+        return None
+    return ValueError(
+        f"the recipe rounds {', '.join(stochastic)} stochastically: pass "
+        "key=jax.random.key(...) (one per call; see fp4jax.layer_key)"
+    )
+
+
+def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
+    c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
     a, b = c.lhs(lhs), c.rhs(rhs)
     r = recipe
-    fused = (r.fprop_lhs.quantized and r.wgrad_lhs.quantized and r.wgrad_lhs.hadamard
-             and impl in ("pallas", "auto-pallas"))
-    if fused:  # X rowwise (fprop) and X columnwise-RHT (wgrad) from one read
-        qa, x_col = _quantize_row_and_col(a, r.fprop_lhs, r.wgrad_lhs, key, "fprop_lhs",
-                                          "wgrad_lhs", r, impl)
+    x_col = None
+    if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
+        # X rowwise (fprop) and X columnwise (wgrad), from one read where a kernel can.
+        qa, x_col = _rowwise_and_columnwise(a, r.fprop_lhs, r.wgrad_lhs, key, "fprop_lhs",
+                                            "wgrad_lhs", r, impl)
+    elif r.fprop_lhs.quantized:
+        qa = quantize_operand(a, 2, r.fprop_lhs, key, "fprop_lhs", r, impl)
     else:
-        qa = _quantize(a, 2, r.fprop_lhs, key, "fprop_lhs", r, impl) if r.fprop_lhs.quantized else a
-    qb = _quantize(b, 1, r.fprop_rhs, key, "fprop_rhs", r, impl) if r.fprop_rhs.quantized else b
-    y = c.out(_bmm(qa, qb, precision, impl)).astype(out_dtype)
+        qa = a
+    qb = quantize_operand(b, 1, r.fprop_rhs, key, "fprop_rhs", r, impl) \
+        if r.fprop_rhs.quantized else b
+    if r.fprop_lhs.quantized:
+        y = c.out(_bmm(qa, qb, precision, impl)).astype(out_dtype)
+    else:  # the caller's own GEMM, exactly as lax.dot_general computes it
+        y = lax.dot_general(lhs, rhs, dn, precision=precision, preferred_element_type=out_dtype)
 
     # What backward needs, kept in NVFP4 where the recipe quantizes it.
     if not r.dgrad_rhs.quantized:
@@ -252,40 +206,40 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: str):
     elif r.dgrad_rhs == r.fprop_rhs and r.fprop_rhs.block_2d:
         w_res = qb  # 16x16 tiles: the same values serve W and W^T
     else:
-        w_res = _quantize(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r, impl)  # along N
+        w_res = quantize_operand(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r, impl)  # along N
     if not r.wgrad_lhs.quantized:
         x_res = a
-    elif fused:
+    elif x_col is not None:
         x_res = x_col
-    elif r.wgrad_lhs == r.fprop_lhs and r.fprop_lhs.block_2d:
-        x_res = qa
     else:
-        x_res = _quantize(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r, impl)  # along tokens
+        x_res = quantize_operand(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r, impl)  # along tokens
     return y, (x_res, w_res, key, c)
 
 
-def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: str, res, g):
+def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, res, g):
     del dn, out_dtype
     x_res, w_res, key, c = res
     r = recipe
+    if key is None and (err := missing_key_error(r, BACKWARD_ROLES)) is not None:
+        raise err
     gc = c.grad(g)
-    if r.dgrad_grad.quantized and r.wgrad_grad.quantized and r.wgrad_grad.hadamard and impl in (
-            "pallas", "auto-pallas"):  # dY rowwise (dgrad) and columnwise-RHT (wgrad), one read
-        qg_row, qg_col = _quantize_row_and_col(gc, r.dgrad_grad, r.wgrad_grad, key,
-                                               "dgrad_grad", "wgrad_grad", r, impl)
+    if r.dgrad_grad.quantized and r.wgrad_grad.quantized:
+        # dY rowwise (dgrad) and dY columnwise (wgrad), from one read where a kernel can.
+        qg_row, qg_col = _rowwise_and_columnwise(gc, r.dgrad_grad, r.wgrad_grad, key,
+                                                 "dgrad_grad", "wgrad_grad", r, impl)
     else:
-        qg_row = _quantize(gc, 2, r.dgrad_grad, key, "dgrad_grad", r, impl) \
+        qg_row = quantize_operand(gc, 2, r.dgrad_grad, key, "dgrad_grad", r, impl) \
             if r.dgrad_grad.quantized else None
-        qg_col = _quantize(gc, 1, r.wgrad_grad, key, "wgrad_grad", r, impl) \
+        qg_col = quantize_operand(gc, 1, r.wgrad_grad, key, "wgrad_grad", r, impl) \
             if r.wgrad_grad.quantized else None
     # dgrad: dX = dY W^T, contracting N.
     if r.dgrad_grad.quantized:
-        da = _bmm(qg_row, _mT(w_res), precision, impl)
+        da = _bmm(qg_row, w_res.mT, precision, impl)
     else:
         da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl)
     # wgrad: dW = X^T dY, contracting tokens.
     if r.wgrad_grad.quantized:
-        db = _bmm(_mT(x_res), qg_col, precision, impl, lhs_from_mT=True)
+        db = _bmm(x_res.mT, qg_col, precision, impl, lhs_from_mT=True)
     else:
         db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl)
     return c.lhs_back(da), c.rhs_back(db), None
@@ -311,7 +265,7 @@ def dot_general(
     out_sharding: Any = None,
     recipe: Recipe | None = None,
     key: jax.Array | None = None,
-    impl: str = "xla",
+    impl: Impl = "xla",
 ) -> jax.Array:
     """NVFP4 `jax.lax.dot_general` with quantized forward and backward GEMMs.
 
@@ -320,7 +274,7 @@ def dot_general(
     `functools.partial` (or use `fp4jax.flax`) to pass it where a layer takes a
     ``dot_general``.
 
-    Per RECIPE.md §6 (with the default `Recipe.nvfp4`): the forward GEMM uses the
+    Per docs/RECIPE.md §6 (with the default `Recipe.nvfp4`): the forward GEMM uses the
     left operand in 1D blocks along K (RNE) and the right operand in 16×16 tiles
     (RNE); dgrad uses dY in 1D blocks along N (stochastic rounding) and the same
     tiled right operand; wgrad uses X and dY Hadamard-rotated along the token axis
@@ -332,14 +286,16 @@ def dot_general(
       lhs: left operand (activations), float32/bfloat16/float16.
       rhs: right operand (weights).
       dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
-      precision: passed to the unquantized (bf16-format) GEMMs; NVFP4 GEMMs are
-        exact BF16 products with FP32 accumulation regardless.
+      precision: passed to the unquantized GEMMs; NVFP4 GEMMs are exact BF16
+        products with FP32 accumulation regardless.
       preferred_element_type: output dtype (default: the promoted input dtype).
       out_sharding: output sharding, as in `jax.lax.dot_general`.
       recipe: a `Recipe`; default `Recipe.nvfp4()`.
-      key: a ``jax.random`` key; required when the recipe rounds stochastically.
+      key: a ``jax.random`` key (typed or raw). Needed only by operands the recipe
+        rounds stochastically: with `Recipe.nvfp4` the forward pass needs none, and
+        the backward pass raises a `ValueError` without one.
       impl: ``"xla"`` (pure JAX), ``"pallas"`` (Hopper kernels), ``"native"``
-        (Blackwell block-scaled GEMM) or ``"auto"``; see `fp4jax.dispatch`.
+        (Blackwell block-scaled GEMM) or ``"auto"``; see `fp4jax.implementation`.
 
     Returns:
       The product, shaped as `jax.lax.dot_general`'s.
@@ -357,15 +313,16 @@ def dot_general(
     recipe = Recipe.nvfp4() if recipe is None else recipe
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp4jax.Recipe, got {type(recipe).__name__}")
+    implementation.check_impl(impl)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    if recipe.is_bf16:
+    if recipe.is_unquantized:
         return lax.dot_general(
             lhs, rhs, dimension_numbers, precision=precision,
             preferred_element_type=preferred_element_type, out_sharding=out_sharding,
         )
-    formats.check_input_dtype(lhs.dtype, "lhs")
-    formats.check_input_dtype(rhs.dtype, "rhs")
-    dn = _normalize_dn(dimension_numbers, lhs.ndim, rhs.ndim)
+    checks.check_input_dtype(lhs.dtype, "lhs")
+    checks.check_input_dtype(rhs.dtype, "rhs")
+    dn = normalize_dimension_numbers(dimension_numbers, lhs.ndim, rhs.ndim)
     (lc, rc), (lb, rb) = dn
     for ld, rd, what in ((lc, rc, "contracting"), (lb, rb, "batch")):
         ls, rs = tuple(lhs.shape[d] for d in ld), tuple(rhs.shape[d] for d in rd)
@@ -374,12 +331,10 @@ def dot_general(
                 f"{what} dims have different sizes: lhs {lhs.shape} dims {ld} -> {ls}, "
                 f"rhs {rhs.shape} dims {rd} -> {rs}"
             )
-    if recipe.needs_key and key is None:
-        roles = [n for n, o in recipe.operands() if o.stochastic]
-        raise ValueError(
-            f"the recipe rounds {', '.join(roles)} stochastically: pass key=jax.random.key(...) "
-            "(one per call; see fp4jax.layer_key)"
-        )
+    if key is not None:
+        key = random_bits.check_key(key)
+    elif (err := missing_key_error(recipe, FORWARD_ROLES)) is not None:
+        raise err
     out_dtype = jnp.dtype(
         preferred_element_type
         if preferred_element_type is not None
@@ -387,11 +342,6 @@ def dot_general(
     )
     if 0 in lhs.shape or 0 in rhs.shape:
         return lax.dot_general(lhs, rhs, dn, preferred_element_type=out_dtype)
-    impl = dispatch.resolve(impl)
-    if key is not None and not (
-        jnp.issubdtype(key.dtype, jax.dtypes.prng_key) or key.dtype == jnp.uint32
-    ):
-        raise TypeError(f"key must be a jax.random key, got an array of dtype {key.dtype}")
     y = _dot_general_jit(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)
     if out_sharding is not None:
         y = jax.lax.with_sharding_constraint(y, out_sharding)

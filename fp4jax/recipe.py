@@ -1,6 +1,6 @@
 """`Recipe`: how each operand of each GEMM of a linear layer is represented.
 
-A linear layer ``Y = X W`` runs three GEMMs (RECIPE.md §6):
+A linear layer ``Y = X W`` runs three GEMMs (docs/RECIPE.md §6):
 
 * **fprop** ``Y = X W``: operands ``fprop_lhs`` (X) and ``fprop_rhs`` (W);
 * **dgrad** ``dX = dY Wᵀ``: operands ``dgrad_grad`` (dY) and ``dgrad_rhs`` (W);
@@ -16,10 +16,15 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Literal
 
-from fp4jax import hadamard
+from fp4jax.numerics import hadamard
+from fp4jax.numerics.rounding import ROUNDINGS, Rounding
 
-Format = Literal["nvfp4", "bf16"]
-Rounding = Literal["nearest", "stochastic"]
+Format = Literal["nvfp4", "unquantized", "bf16"]
+"""``"nvfp4"``: quantized. ``"unquantized"``: used as given, in the operand's own dtype.
+``"bf16"`` is a deprecated alias of ``"unquantized"`` (it is BF16 only in a BF16 model)."""
+
+FORMATS: tuple[str, ...] = ("nvfp4", "unquantized")
+_FORMAT_ALIASES = {"bf16": "unquantized"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,8 +32,9 @@ class Operand:
     """How one GEMM operand is represented.
 
     Attributes:
-      format: ``"nvfp4"`` (quantized) or ``"bf16"`` (used as given, unquantized:
-        the operand keeps its own dtype, BF16 in a BF16 model).
+      format: ``"nvfp4"`` (quantized) or ``"unquantized"`` (used as given: the GEMM
+        runs in the operand's own dtype, BF16 in a BF16 model, float32 in a float32
+        one). ``"bf16"`` is accepted as an alias of ``"unquantized"``.
       rounding: E2M1 rounding, ``"nearest"`` (even) or ``"stochastic"``.
       hadamard: apply the 16×16 random Hadamard transform along the contraction
         axis first. Must be set on both operands of a GEMM or on neither.
@@ -42,14 +48,15 @@ class Operand:
     block_2d: bool = False
 
     def __post_init__(self):
-        if self.format not in ("nvfp4", "bf16"):
-            raise ValueError(f"format must be 'nvfp4' or 'bf16', got {self.format!r}")
-        if self.rounding not in ("nearest", "stochastic"):
-            raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {self.rounding!r}")
+        object.__setattr__(self, "format", _FORMAT_ALIASES.get(self.format, self.format))
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS} (or 'bf16'), got {self.format!r}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         for name in ("hadamard", "block_2d"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.format == "bf16" and (
+        if self.format == "unquantized" and (
             self.rounding != "nearest" or self.hadamard or self.block_2d
         ):
             raise ValueError(
@@ -70,8 +77,11 @@ class Operand:
         return self.quantized and self.rounding == "stochastic"
 
 
-BF16 = Operand(format="bf16")
-"""An unquantized operand."""
+UNQUANTIZED = Operand(format="unquantized")
+"""An unquantized operand (the GEMM runs in the operand's own dtype)."""
+
+BF16 = UNQUANTIZED
+"""Alias of `UNQUANTIZED` (the name the paper uses for a BF16 model)."""
 
 _GEMMS = (
     ("fprop", "fprop_lhs", "fprop_rhs"),
@@ -84,17 +94,18 @@ _GEMMS = (
 class Recipe:
     """Per-GEMM-role quantization settings of a linear layer (or any dot_general).
 
-    Use the presets: `Recipe.nvfp4` (the paper's recipe), `Recipe.bf16` (exact
-    passthrough), the ablations `Recipe.nvfp4_no_rht`, `Recipe.nvfp4_no_sr`,
-    `Recipe.nvfp4_no_2d`, and `with_bf16_forward` for the end-of-training switch.
+    Use the presets: `Recipe.nvfp4` (the paper's recipe), `Recipe.unquantized` (exact
+    passthrough; alias `Recipe.bf16`), the ablations `Recipe.nvfp4_no_rht`, `Recipe.nvfp4_no_sr`,
+    `Recipe.nvfp4_no_2d`, and `with_unquantized_forward` (alias `with_bf16_forward`)
+    for the end-of-training switch.
 
     Example:
       >>> import fp4jax
       >>> r = fp4jax.Recipe.nvfp4()
       >>> r.dgrad_grad.rounding, r.fprop_rhs.block_2d, r.wgrad_lhs.hadamard
       ('stochastic', True, True)
-      >>> r.with_bf16_forward().fprop_lhs.format
-      'bf16'
+      >>> r.with_unquantized_forward().fprop_lhs.format
+      'unquantized'
     """
 
     fprop_lhs: Operand
@@ -114,7 +125,7 @@ class Recipe:
             if oa.quantized != ob.quantized:
                 raise ValueError(
                     f"{gemm}: {a} is {oa.format} but {b} is {ob.format}; both operands of a "
-                    "GEMM must be nvfp4 or both bf16"
+                    "GEMM must be nvfp4 or both unquantized"
                 )
             if oa.hadamard != ob.hadamard:
                 raise ValueError(
@@ -131,9 +142,14 @@ class Recipe:
             yield b, getattr(self, b)
 
     @property
-    def is_bf16(self) -> bool:
+    def is_unquantized(self) -> bool:
         """True when no operand is quantized (the recipe is an exact passthrough)."""
         return not any(o.quantized for _, o in self.operands())
+
+    @property
+    def is_bf16(self) -> bool:
+        """Alias of `is_unquantized`."""
+        return self.is_unquantized
 
     @property
     def needs_key(self) -> bool:
@@ -144,17 +160,26 @@ class Recipe:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def with_unquantized_forward(self) -> "Recipe":
+        """The same recipe with the fprop GEMM unquantized (docs/RECIPE.md §8)."""
+        return self.replace(fprop_lhs=UNQUANTIZED, fprop_rhs=UNQUANTIZED)
+
+    def with_unquantized_backward(self) -> "Recipe":
+        """The same recipe with the dgrad and wgrad GEMMs unquantized."""
+        return self.replace(dgrad_grad=UNQUANTIZED, dgrad_rhs=UNQUANTIZED,
+                            wgrad_lhs=UNQUANTIZED, wgrad_grad=UNQUANTIZED)
+
     def with_bf16_forward(self) -> "Recipe":
-        """The same recipe with the fprop GEMM in BF16 (RECIPE.md §8)."""
-        return self.replace(fprop_lhs=BF16, fprop_rhs=BF16)
+        """Alias of `with_unquantized_forward` (the paper's "switch to BF16")."""
+        return self.with_unquantized_forward()
 
     def with_bf16_backward(self) -> "Recipe":
-        """The same recipe with the dgrad and wgrad GEMMs in BF16."""
-        return self.replace(dgrad_grad=BF16, dgrad_rhs=BF16, wgrad_lhs=BF16, wgrad_grad=BF16)
+        """Alias of `with_unquantized_backward`."""
+        return self.with_unquantized_backward()
 
     @classmethod
     def nvfp4(cls) -> "Recipe":
-        """The paper's recipe (RECIPE.md §6).
+        """The paper's recipe (docs/RECIPE.md §6).
 
         fprop: X 1D RNE, W 2D RNE; dgrad: dY 1D SR, W the same 2D quantization;
         wgrad: X and dY with RHT along tokens, X RNE, dY SR.
@@ -170,12 +195,15 @@ class Recipe:
         )
 
     @classmethod
-    def bf16(cls) -> "Recipe":
+    def unquantized(cls) -> "Recipe":
         """No quantization: `fp4jax.dot_general` equals `jax.lax.dot_general` exactly."""
-        return cls(
-            fprop_lhs=BF16, fprop_rhs=BF16, dgrad_grad=BF16, dgrad_rhs=BF16,
-            wgrad_lhs=BF16, wgrad_grad=BF16,
-        )
+        u = UNQUANTIZED
+        return cls(fprop_lhs=u, fprop_rhs=u, dgrad_grad=u, dgrad_rhs=u, wgrad_lhs=u, wgrad_grad=u)
+
+    @classmethod
+    def bf16(cls) -> "Recipe":
+        """Alias of `unquantized` (exact passthrough in the operands' own dtype)."""
+        return cls.unquantized()
 
     @classmethod
     def nvfp4_no_rht(cls) -> "Recipe":

@@ -7,14 +7,14 @@ shape, dtype or option at fault, whichever path it takes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fp4jax.numerics import hadamard as hadamard_lib
-from fp4jax.numerics import random_bits
-from fp4jax.numerics.constants import SUPPORTED_INPUT_DTYPES
+from fp4jax.numerics import layout, random_bits
+from fp4jax.numerics.constants import BLOCK, SUPPORTED_INPUT_DTYPES
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS
 
@@ -61,6 +61,54 @@ def check_quantize_options(
     if key is not None:
         random_bits.key_words(key)  # validates
     return hadamard_lib.check_signs(hadamard_signs) if hadamard else None
+
+
+class QuantizeArguments(NamedTuple):
+    """What `check_quantize_arguments` returns: the validated, normalized arguments."""
+
+    x: jax.Array  # the input as an array
+    axis: int  # the block axis, non-negative
+    hadamard_signs: tuple[int, ...] | None  # the sign vector when hadamard, else None
+    amax: jax.Array | None  # the given global amax as float32, or None
+
+
+def check_quantize_arguments(
+    x: Any,
+    *,
+    axis: int,
+    block_2d: bool,
+    rounding: str,
+    key: Any,
+    hadamard: bool,
+    hadamard_signs: Any,
+    amax: Any,
+) -> QuantizeArguments:
+    """Validates every argument of a quantize call (the one check all implementations use).
+
+    Raises:
+      TypeError: a non-float dtype, a non-int axis, a bad key or amax type.
+      ValueError: a scalar or empty input, an axis out of range, options that do not
+        combine, a 2D tile off the last two axes, or a Hadamard axis whose length is
+        not a multiple of 16.
+    """
+    x = jnp.asarray(x)
+    check_input_dtype(x.dtype, "x")
+    if x.ndim == 0:
+        raise ValueError("quantize needs an array of rank >= 1, got a scalar")
+    if x.size == 0:
+        raise ValueError(f"quantize needs a non-empty array, got shape {x.shape}")
+    axis = layout.normalize_axis(axis, x.ndim)
+    signs = check_quantize_options(
+        rounding=rounding, key=key, hadamard=hadamard, block_2d=block_2d,
+        hadamard_signs=hadamard_signs)
+    if block_2d:
+        layout.tile_axis_for(axis, x.ndim)  # validates the tile placement
+    if hadamard and x.shape[axis] % BLOCK:
+        raise ValueError(
+            f"hadamard=True needs the length of axis {axis} to be a multiple of 16 "
+            f"(the rotation would mix padding into values); got shape {x.shape}"
+        )
+    return QuantizeArguments(x, axis, signs, check_amax(amax))
 
 
 def check_gemm_operands(lhs: NVFP4Array, rhs: NVFP4Array) -> None:

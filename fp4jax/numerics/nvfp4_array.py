@@ -192,6 +192,25 @@ class NVFP4Array:
             hadamard=self.hadamard,
         )
 
+    def take_leading(self, n: int) -> "NVFP4Array":
+        """The first ``n`` entries along axis 0, which must not be a block or tile axis.
+
+        The amax is kept: this equals quantizing the first ``n`` entries with the same
+        global amax given.
+        """
+        if self.axis == 0 or self.block_2d and self.tile_axis == 0:
+            raise ValueError(f"axis 0 of an array blocked along axis {self.axis} cannot be cut")
+        if not 0 < n <= self.shape[0]:
+            raise ValueError(f"cannot take {n} of {self.shape[0]} entries along axis 0")
+        return dataclasses.replace(
+            self, data=self.data[:n], scales=self.scales[:n], shape=(n,) + self.shape[1:])
+
+    def expand_leading(self) -> "NVFP4Array":
+        """The array viewed with a new leading axis of length 1 (a layout change only)."""
+        return dataclasses.replace(
+            self, data=self.data[None], scales=self.scales[None], shape=(1,) + self.shape,
+            axis=self.axis + 1)
+
     @property
     def T(self) -> "NVFP4Array":  # noqa: N802 - mirrors jax.Array.T
         """All axes reversed (see `transpose`)."""

@@ -85,22 +85,9 @@ def quantize(
       >>> bool(jnp.all(fp4jax.dequantize(fp4jax.quantize(y)) == y))  # idempotent
       True
     """
-    x = jnp.asarray(x)
-    dtype = checks.check_input_dtype(x.dtype, "x")
-    if x.ndim == 0:
-        raise ValueError("quantize needs an array of rank >= 1, got a scalar")
-    axis = layout.normalize_axis(axis, x.ndim)
-    hadamard_signs = checks.check_quantize_options(
-        rounding=rounding, key=key, hadamard=hadamard, block_2d=block_2d,
-        hadamard_signs=hadamard_signs)
-    if block_2d:
-        layout.tile_axis_for(axis, x.ndim)  # validates the tile placement
-    if hadamard and x.shape[axis] % BLOCK:
-        raise ValueError(
-            f"hadamard=True needs the length of axis {axis} to be a multiple of 16 "
-            f"(the rotation would mix padding into values); got shape {x.shape}"
-        )
-    amax = checks.check_amax(amax)
+    x, axis, hadamard_signs, amax = checks.check_quantize_arguments(
+        x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
+        hadamard_signs=hadamard_signs, amax=amax)
     return _quantize(
         x, key if rounding == "stochastic" else None, amax, axis=axis, block_2d=bool(block_2d),
         rounding=rounding, hadamard=bool(hadamard), signs=hadamard_signs,
