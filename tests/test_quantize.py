@@ -1,4 +1,4 @@
-"""Properties of fp4jax.quantize / dequantize (RECIPE.md §1–§5)."""
+"""Properties of fp4jax.quantize / dequantize (docs/RECIPE.md §1–§5)."""
 
 import chex
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import formats, random_bits, rounding
+from fp4jax.numerics import hadamard, nvfp4_array, random_bits, rounding
 from tests import np_reference as npr
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -32,10 +32,10 @@ def _bits(a):
 def test_e2m1_decode_table_matches_recipe():
     """Every 4-bit code decodes to RECIPE.md §1's value (including code 8 = -0)."""
     codes = jnp.arange(16, dtype=jnp.uint8)
-    got = np.asarray(formats.e2m1_to_f32(codes))
+    got = np.asarray(nvfp4_array.e2m1_to_f32(codes))
     np.testing.assert_array_equal(_bits(got), _bits(npr.E2M1))
     np.testing.assert_array_equal(
-        np.asarray(formats.e2m1_to_bf16(codes)).astype(np.float32), npr.E2M1
+        np.asarray(nvfp4_array.e2m1_to_bf16(codes)).astype(np.float32), npr.E2M1
     )
     # jnp.float4_e2m1fn uses the same encoding
     via_ml_dtypes = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
@@ -54,9 +54,9 @@ def test_pack_unpack_roundtrip_and_nibble_order():
     """Even elements go to the low nibble; unpack inverts pack along any axis."""
     codes = jax.random.randint(jax.random.key(0), (6, 8, 4), 0, 16).astype(jnp.uint8)
     for axis in range(3):
-        packed = formats.pack_codes(codes, axis)
-        np.testing.assert_array_equal(formats.unpack_codes(packed, axis), codes)
-    p = formats.pack_codes(jnp.array([[3, 12]], jnp.uint8), 1)
+        packed = nvfp4_array.pack_codes(codes, axis)
+        np.testing.assert_array_equal(nvfp4_array.unpack_codes(packed, axis), codes)
+    p = nvfp4_array.pack_codes(jnp.array([[3, 12]], jnp.uint8), 1)
     assert int(p[0, 0]) == 3 | (12 << 4)
 
 
@@ -216,7 +216,7 @@ def test_relative_error_within_nvfp4_bound():
 
 
 def test_2d_blocks_are_transpose_invariant():
-    """dequantize(quantize(W, 2D)).T == dequantize(quantize(W.T, 2D)) (RECIPE.md §3)."""
+    """dequantize(quantize(W, 2D)).T == dequantize(quantize(W.T, 2D)) (docs/RECIPE.md §3)."""
     w = _data(10, (80, 48))  # 80 = 5 tiles, 48 = 3 tiles
     a = fp4jax.dequantize(fp4jax.quantize(w, axis=0, block_2d=True))
     b = fp4jax.dequantize(fp4jax.quantize(w.T, axis=1, block_2d=True))
@@ -305,7 +305,7 @@ def test_transpose_view_keeps_values():
 
 def test_rht_is_orthogonal_and_matches_matrix():
     """T = diag(s) H16 / 4 is orthogonal; rht(x) equals x @ T (float32 inputs)."""
-    t = fp4jax.hadamard.rht_matrix()
+    t = hadamard.rht_matrix()
     np.testing.assert_allclose(t @ t.T, np.eye(16), atol=1e-7)
     x = _data(19, (8, 64))
     np.testing.assert_allclose(

@@ -1,0 +1,93 @@
+"""The implementation choice (fp4jax.implementation): one place decides xla/pallas/native."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4jax
+from fp4jax import implementation
+
+_NO_KERNEL = lambda: "the kernel does not take it"  # noqa: E731
+_KERNEL_OK = lambda: None  # noqa: E731
+
+
+def _off_gpu():
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("GPU present")
+
+
+def test_auto_means_xla_off_gpu():
+    """On a machine without a CUDA GPU, impl='auto' runs the XLA path for everything."""
+    _off_gpu()
+    assert implementation.gpu_capability() is None
+    for gemm in (False, True):
+        assert implementation.choose("auto", gemm=gemm, kernel_reason=_KERNEL_OK,
+                                     auto_prefers_kernel=True) == "xla"
+
+
+def test_explicit_impls_are_taken_as_asked():
+    """'xla' is always XLA; 'native' applies to GEMMs only; 'pallas' runs the kernel."""
+    for gemm in (False, True):
+        assert implementation.choose("xla", gemm=gemm, kernel_reason=_KERNEL_OK,
+                                     auto_prefers_kernel=True) == "xla"
+        assert implementation.choose("pallas", gemm=gemm, kernel_reason=_KERNEL_OK,
+                                     auto_prefers_kernel=False) == "pallas"
+    assert implementation.choose("native", gemm=True, kernel_reason=_NO_KERNEL,
+                                 auto_prefers_kernel=False) == "native"
+    assert implementation.choose("native", gemm=False, kernel_reason=_NO_KERNEL,
+                                 auto_prefers_kernel=False) == "xla"
+
+
+def test_explicit_pallas_never_falls_back():
+    """impl='pallas' on a problem the kernel does not take raises with the kernel's reason."""
+    with pytest.raises(ValueError, match="the kernel does not take it"):
+        implementation.choose("pallas", gemm=False, kernel_reason=_NO_KERNEL,
+                              auto_prefers_kernel=True)
+
+
+def test_pallas_quantize_of_float32_says_why():
+    """A float32 input under impl='pallas' names the dtype (the kernel takes 16-bit inputs)."""
+    with pytest.raises(ValueError, match="float32"):
+        fp4jax.quantize(jnp.ones((64, 128), jnp.float32), impl="pallas")
+
+
+def test_unknown_impl_rejected():
+    with pytest.raises(ValueError, match="impl must be one of"):
+        implementation.check_impl("cuda")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        fp4jax.quantize(jnp.ones((4, 16)), impl="cuda")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        fp4jax.dot_general(jnp.ones((4, 16)), jnp.ones((16, 4)), (((1,), (0,)), ((), ())),
+                           impl="cuda")
+
+
+def test_auto_policy_follows_the_measured_crossover():
+    """The GEMM kernel is used for skinny and <= 4096 shapes, XLA at 8192^3 (H200 data)."""
+    assert implementation.auto_prefers_gemm_kernel(16, 8192, 8192)
+    assert implementation.auto_prefers_gemm_kernel(4096, 4096, 4096)
+    assert not implementation.auto_prefers_gemm_kernel(8192, 8192, 8192)
+    assert not implementation.auto_prefers_quantize_kernel(columnwise=True, stochastic=True)
+    assert implementation.auto_prefers_quantize_kernel(columnwise=True, stochastic=False)
+    assert implementation.auto_prefers_quantize_kernel(columnwise=False, stochastic=True)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_rowwise_columnwise_kernel_matches_xla_bitwise(rounding):
+    """The two-output kernel that dot_general uses for X and dY (tokens padded 56 -> 64)
+    gives the XLA path's bits, in Mosaic GPU interpret mode on CPU."""
+    from jax._src.pallas.mosaic_gpu.interpret import params
+
+    x = jax.random.normal(jax.random.key(0), (56, 128), jnp.bfloat16)
+    keys = dict(row_key=jax.random.key(3), col_key=jax.random.key(4)) \
+        if rounding == "stochastic" else {}
+    want = implementation.quantize_rowwise_columnwise(x, rounding=rounding, impl="xla", **keys)
+    with params.force_gpu_interpret_mode():
+        got = implementation.quantize_rowwise_columnwise(
+            x, rounding=rounding, impl="pallas", **keys)
+    for a, b in zip(got, want):
+        assert (a.shape, a.axis, a.hadamard) == (b.shape, b.axis, b.hadamard)
+        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+        np.testing.assert_array_equal(np.asarray(a.scales.view(jnp.uint8)),
+                                      np.asarray(b.scales.view(jnp.uint8)))
+        assert float(a.amax) == float(b.amax)
