@@ -6,7 +6,7 @@ endif
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-gpu clean
+.PHONY: setup demo lint test test-gpu clean
 
 $(PY): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"Python >= 3.12 needed, got {sys.version}"'
@@ -20,7 +20,10 @@ setup: $(PY)
 demo: $(PY)
 	$(PY) examples/demo.py
 
-test: $(PY)
+lint: $(PY)
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -n 2 fp4jax pallas_kernels tests
 
 clean:

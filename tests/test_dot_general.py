@@ -254,9 +254,8 @@ def test_non_finite_input_gives_nan_output():
 def test_bad_inputs_raise_clear_errors():
     x, w = _xw()
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match="key"):
-        fp4jax.dot_general(x, w, LINEAR)
-    fp4jax.dot_general(x, w, LINEAR, recipe=fp4jax.Recipe.nvfp4_no_sr())  # RNE needs no key
+    with pytest.raises(TypeError, match="jax.random key"):
+        fp4jax.dot_general(x, w, LINEAR, key=42)
     with pytest.raises(ValueError, match="contracting dims have different sizes"):
         fp4jax.dot_general(x, w[:32], LINEAR, key=key)
     with pytest.raises(ValueError, match="dimension_numbers"):
@@ -273,13 +272,29 @@ def test_bad_inputs_raise_clear_errors():
         fp4jax.dot_general(x, w, LINEAR, key=jnp.zeros(2))
 
 
+def test_forward_needs_no_key_backward_says_it_does():
+    """The forward GEMM rounds to nearest, so it runs without a key; the backward pass,
+    which rounds dY stochastically, raises a clear error instead (issue 10 item 3)."""
+    x, w = _xw()
+    y = fp4jax.dot_general(x, w, LINEAR)
+    np.testing.assert_array_equal(
+        _bits(y), _bits(fp4jax.dot_general(x, w, LINEAR, key=jax.random.key(0))))
+    with pytest.raises(ValueError, match="rounds dgrad_grad, wgrad_grad stochastically"):
+        jax.grad(lambda x: fp4jax.dot_general(x, w, LINEAR).astype(jnp.float32).sum())(x)
+    fwd_sr = fp4jax.Recipe.nvfp4().replace(fprop_lhs=Operand(rounding="stochastic"),
+                                           fprop_rhs=Operand(rounding="stochastic"))
+    with pytest.raises(ValueError, match="rounds fprop_lhs, fprop_rhs stochastically"):
+        fp4jax.dot_general(x, w, LINEAR, recipe=fwd_sr)
+
+
 def test_recipe_validation():
     """Invalid recipes raise ValueError naming the GEMM and the fields at fault."""
     r = fp4jax.Recipe.nvfp4()
     with pytest.raises(ValueError, match="wgrad: the Hadamard"):
         r.replace(wgrad_lhs=Operand())
-    with pytest.raises(ValueError, match="fprop: fprop_lhs is bf16 but fprop_rhs is nvfp4"):
-        r.replace(fprop_lhs=fp4jax.BF16)
+    with pytest.raises(ValueError,
+                       match="fprop: fprop_lhs is unquantized but fprop_rhs is nvfp4"):
+        r.replace(fprop_lhs=fp4jax.UNQUANTIZED)
     with pytest.raises(ValueError, match="only apply to format='nvfp4'"):
         Operand(format="bf16", rounding="stochastic")
     with pytest.raises(ValueError, match="both hadamard"):
@@ -290,7 +305,11 @@ def test_recipe_validation():
         r.replace(hadamard_signs=(1,) * 15)
     with pytest.raises(TypeError, match="Operand"):
         r.replace(dgrad_grad="sr")
-    assert fp4jax.Recipe.bf16().is_bf16 and not r.is_bf16
+    assert fp4jax.Recipe.unquantized().is_unquantized and not r.is_unquantized
+    # The old spellings stay as documented aliases of the "unquantized" names.
+    assert fp4jax.Recipe.bf16() == fp4jax.Recipe.unquantized() and fp4jax.BF16 == fp4jax.UNQUANTIZED
+    assert Operand(format="bf16").format == "unquantized" and fp4jax.Recipe.bf16().is_bf16
+    assert r.with_bf16_forward() == r.with_unquantized_forward()
     assert r.needs_key and not fp4jax.Recipe.nvfp4_no_sr().needs_key
     f = r.with_bf16_forward()
     assert not f.fprop_lhs.quantized and f.dgrad_grad == r.dgrad_grad

@@ -64,7 +64,7 @@ def apply_mode(recipe: Recipe, mode: Mode) -> Recipe:
       >>> import fp4jax
       >>> from fp4jax.flax import apply_mode
       >>> apply_mode(fp4jax.Recipe.nvfp4(), "bf16_forward").fprop_lhs.format
-      'bf16'
+      'unquantized'
       >>> apply_mode(fp4jax.Recipe.nvfp4(), "bf16").is_bf16
       True
     """

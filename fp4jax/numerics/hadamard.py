@@ -57,9 +57,10 @@ def rht(
     ``T = diag(signs) @ H16 / 4``. The sum is formed in float32 by a fixed
     fast-Walsh-Hadamard butterfly (4 stages of pairwise ``a+b, a-b``), identical in
     every fp4jax implementation, then rounded once to ``round_to`` (default: ``x``'s
-    dtype) with an elision-proof rounding. For bfloat16/float16 inputs whose 16-run
-    spans less than ``2**12`` in magnitude the float32 sum is exact, so the result is
-    the exact sum rounded once; otherwise the float32 partial sums may round first.
+    dtype) with an elision-proof rounding. The float32 partial sums are exact, so
+    the result is the exact sum rounded once, when the largest and smallest binades of a
+    16-run differ by at most ``20 - p`` (``p`` the input's significand bits: 12 binades
+    for bfloat16, 9 for float16; docs/RECIPE.md §4); beyond that they may round first.
 
     Args:
       x: float array; ``x.shape[axis]`` must be a multiple of 16.
@@ -76,7 +77,7 @@ def rht(
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from fp4jax.hadamard import rht
+      >>> from fp4jax.numerics.hadamard import rht
       >>> y = rht(jnp.eye(16))
       >>> bool(jnp.allclose(y @ y.T, jnp.eye(16)))
       True
