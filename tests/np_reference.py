@@ -1,4 +1,4 @@
-"""An independent NumPy transcription of RECIPE.md §2–§3 (Transformer Engine's reference).
+"""An independent NumPy transcription of docs/RECIPE.md §2–§5 (Transformer Engine's reference).
 
 Written separately from fp4jax (NumPy float32 arithmetic, ml_dtypes for the E4M3
 cast, explicit E2M1 comparison table), so that agreement with it checks fp4jax's
@@ -37,8 +37,8 @@ def e2m1_codes_nearest(v: np.ndarray) -> np.ndarray:
     return r
 
 
-def e2m1_codes_stochastic(v: np.ndarray, u24: np.ndarray) -> np.ndarray:
-    """Stochastic rounding with given 24-bit uniforms: up iff u < frac * 2**24."""
+def e2m1_codes_stochastic(v: np.ndarray, u8: np.ndarray) -> np.ndarray:
+    """Stochastic rounding with given 8-bit uniforms: up iff 2u + 1 < 512 frac."""
     grid = np.array([0, .5, 1, 1.5, 2, 3, 4, 6], np.float64)
     a = np.abs(v.astype(np.float64))
     lo_i = np.searchsorted(grid, a, side="right") - 1
@@ -46,12 +46,39 @@ def e2m1_codes_stochastic(v: np.ndarray, u24: np.ndarray) -> np.ndarray:
     hi_i = np.minimum(lo_i + 1, 7)
     lo, hi = grid[lo_i], grid[hi_i]
     frac = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1), 0.0)
-    up = u24.astype(np.float64) < frac * 2.0**24
+    up = 2.0 * u8.astype(np.float64) + 1.0 < frac * 512.0
     m = np.where(up, hi_i, lo_i).astype(np.uint8)
     return m | np.where(v < 0, 8, 0).astype(np.uint8)
 
 
-def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u24: np.ndarray | None = None):
+def _lowbias32(x: np.ndarray) -> np.ndarray:
+    """Wellons' lowbias32 in NumPy uint64 arithmetic, reduced mod 2**32 at each step."""
+    m = np.uint64(0xFFFFFFFF)
+    x = x.astype(np.uint64) & m
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & m
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & m
+    return x ^ (x >> np.uint64(16))
+
+
+def sr_bytes_rowwise(key_words: tuple[int, int], m: int, k: int) -> np.ndarray:
+    """The 8-bit SR uniforms of an (m, k) tensor quantized along its last axis (RECIPE §5).
+
+    Block b (row-major over the (m, k/16) block grid) hashes counters 4b + j; element
+    p = 4j + i of the block takes byte i of word j.
+    """
+    k0, k1 = (np.uint64(w) for w in key_words)
+    mask = np.uint64(0xFFFFFFFF)
+    counters = np.arange(m * k // 4, dtype=np.uint64)  # one per group of 4 elements
+    h = _lowbias32(counters ^ k0)
+    h = _lowbias32((h + k1) & mask)
+    h = _lowbias32(h ^ ((k0 * np.uint64(0x9E3779B9)) & mask))
+    bytes_ = (h[:, None] >> (np.uint64(8) * np.arange(4, dtype=np.uint64))) & np.uint64(0xFF)
+    return bytes_.reshape(m, k).astype(np.uint32)
+
+
+def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u8: np.ndarray | None = None):
     """Quantizes a 2D array along its last axis (length a multiple of 16).
 
     Returns (codes uint8 (M, K), scales float32 (M, K/16) per 1x16 block,
@@ -77,10 +104,10 @@ def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u24: np.ndarray | N
         s = d.astype(ml_dtypes.float8_e4m3fn).astype(F32)
         enc = np.minimum((F32(1.0) / (s * gds).astype(F32)).astype(F32), FLT_MAX)
         v = np.clip((blocks * enc[..., None]).astype(F32), F32(-6.0), F32(6.0)).reshape(m, k)
-    if u24 is None:
+    if u8 is None:
         codes = e2m1_codes_nearest(v)
     else:
-        codes = e2m1_codes_stochastic(v, u24)
+        codes = e2m1_codes_stochastic(v, u8)
     factor = ((s * amax).astype(F32) * (F32(1.0) / F32(2688.0))).astype(F32)
     deq = (E2M1[codes] * np.repeat(factor, 16, axis=1)).astype(F32)
     return codes, s, amax, deq

@@ -1,14 +1,19 @@
-"""Counter-based random bits for stochastic rounding.
+"""Counter-based random bits for stochastic rounding (docs/RECIPE.md §5).
 
-Each element's bits are a keyed hash of its position, so any implementation (the
-pure-JAX reference, a Pallas kernel, a sharded program) that knows an element's
+Every element's 8 random bits are a keyed hash of its position, so any implementation
+(the pure-JAX reference, a Pallas kernel, a sharded program) that knows an element's
 position draws the same bits for it: stochastic rounding is reproducible and
 bit-identical across implementations.
 
-Position: the row-major linear index of the element in the quantized tensor's own
-layout, with the quantized axis zero-padded to a multiple of 16 (taken modulo 2**32).
-Key: the two 32-bit words of ``jax.random.key_data(key)`` (threefry; for other key
-implementations the first two words).
+The scheme: the 16-blocks of a tensor (1D blocks along the quantized axis, after
+zero-padding it to a multiple of 16) are numbered row-major in the tensor's own
+layout with that axis replaced by its block count — the layout of
+``quantize(x).scales``. Block ``b`` draws four 32-bit words, ``hash_bits(k0, k1, 4·b + j)``
+for ``j = 0..3``; element ``p`` of the block (``p = 4j + i``) takes byte ``i`` (bits
+``8i .. 8i+7``) of word ``j``. So one hash serves four elements, as Blackwell's
+``cvt.rs`` serves four E2M1 conversions from one 32-bit word. The counter ``4·b + j``
+is a uint32: tensors of up to ``2**34`` padded elements are supported (larger ones are
+rejected). Key: the first two 32-bit words of ``jax.random.key_data(key)``.
 """
 
 from __future__ import annotations
@@ -76,8 +81,43 @@ def hash_bits(k0: jax.Array, k1: jax.Array, index: jax.Array) -> jax.Array:
     return mix32(h ^ (k0 * _U32(0x9E3779B9)))
 
 
-def uniform_bits24(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """uint32 values in ``[0, 2**24)``, one per element of ``shape`` (row-major index)."""
+SR_BITS = 8
+"""Random bits per element: rounding probabilities are resolved to ``2**-8``."""
+
+MAX_BLOCKS = 2**30
+"""Most 16-blocks a stochastically rounded tensor may have (the uint32 counter's range)."""
+
+
+def block_index(block_grid: tuple[int, ...], perm: tuple[int, ...]) -> jax.Array:
+    """Row-major block numbers of a 1D block grid, transposed by ``perm``.
+
+    Args:
+      block_grid: the tensor's shape with the quantized axis replaced by its block count.
+      perm: a permutation of the grid's axes (the caller's working layout).
+
+    Raises:
+      ValueError: more than `MAX_BLOCKS` blocks.
+    """
+    n = math.prod(block_grid)
+    if n > MAX_BLOCKS:
+        raise ValueError(
+            f"stochastic rounding numbers blocks with a uint32 counter: a tensor of "
+            f"{n} 16-blocks (grid {block_grid}) exceeds the {MAX_BLOCKS} supported"
+        )
+    return jnp.transpose(lax.iota(_U32, max(n, 1))[:n].reshape(block_grid), perm)
+
+
+def block_bytes(key: jax.Array, blocks: jax.Array) -> jax.Array:
+    """The 16 random bytes of each block: uint32 in ``[0, 256)``, shape ``(*blocks.shape, 16)``.
+
+    Element ``p = 4j + i`` of block ``b`` gets byte ``i`` of ``hash_bits(k0, k1, 4b + j)``.
+
+    Args:
+      key: a typed or raw ``jax.random`` key.
+      blocks: uint32 block numbers (see `block_index`).
+    """
     k0, k1 = key_words(key)
-    index = lax.iota(_U32, max(math.prod(shape), 1))[: math.prod(shape)].reshape(shape)
-    return hash_bits(k0, k1, index) >> 8
+    words = hash_bits(k0, k1, (blocks[..., None] << 2) | lax.iota(_U32, 4))  # (..., 4)
+    shifts = lax.iota(_U32, 4) * _U32(8)
+    out = (words[..., None] >> shifts) & _U32(0xFF)  # (..., 4 words, 4 bytes)
+    return out.reshape(*blocks.shape, 16)

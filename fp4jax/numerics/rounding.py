@@ -198,20 +198,22 @@ def e2m1_code_of_grid_value(g: jax.Array) -> jax.Array:
     return m.astype(jnp.uint8)
 
 
-def e2m1_code_stochastic(a: jax.Array, u24: jax.Array) -> jax.Array:
-    """E2M1 magnitude code of ``a = |v|`` in ``[0, 6]`` by unbiased stochastic rounding.
+def e2m1_code_stochastic(a: jax.Array, u8: jax.Array) -> jax.Array:
+    """E2M1 magnitude code of ``a = |v|`` in ``[0, 6]`` by stochastic rounding, 8 random bits.
 
-    With grid neighbours ``lo <= a < hi`` (spacing ``h = hi - lo`` of 0.5, 1 or 2),
-    rounds up iff ``u24 < (a - lo) / h * 2**24``: probability ``(a - lo) / h`` to
-    within ``2**-24``. ``a - lo`` and the division by ``h`` are exact.
+    With grid neighbours ``lo <= a < hi`` (spacing ``h`` of 0.5, 1 or 2) and
+    ``f = (a - lo) / h``, rounds up iff ``2·u8 + 1 < 512·f``. Over ``u8`` uniform in
+    ``[0, 256)`` the probability is ``f`` rounded to a multiple of ``2**-8``, so the
+    expected result is within ``h · 2**-9`` of ``a`` (docs/RECIPE.md §5). Every step is
+    exact: ``a - lo``, the scaling by ``1/h`` and by 512 are exact in float32.
 
     Args:
       a: float32 magnitudes in ``[0, 6]``.
-      u24: uint32 uniform random integers in ``[0, 2**24)``, one per element.
+      u8: uint32 uniform random integers in ``[0, 256)``, one per element.
     """
     h = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
     inv_h = jnp.where(a < 2.0, 2.0, jnp.where(a < 4.0, 1.0, 0.5)).astype(jnp.float32)
     lo = jnp.floor(a * inv_h) * h  # products with powers of two: exact
     frac = (a - lo) * inv_h
-    up = u24.astype(jnp.float32) < frac * 16777216.0
+    up = (u8 * jnp.uint32(2) + jnp.uint32(1)).astype(jnp.float32) < frac * 512.0
     return e2m1_code_of_grid_value(jnp.where(up, lo + h, lo))

@@ -71,6 +71,41 @@ def block_encode_scale(s: jax.Array, gds: jax.Array) -> jax.Array:
     return jnp.minimum(rounding.div_rn(np.float32(1.0), s * gds), np.float32(FLT_MAX))
 
 
+E4M3_CODES = 128
+"""Non-negative ``float8_e4m3fn`` codes (sign bit clear); code 127 is NaN."""
+
+
+def e4m3_code(s: jax.Array) -> jax.Array:
+    """The 7-bit E4M3 code (int32) of a float32 holding an exact non-negative E4M3 value.
+
+    A conversion of an exactly representable value, then a bitcast: nothing to round,
+    so nothing for a compiler to elide.
+    """
+    bits = jax.lax.bitcast_convert_type(s.astype(jnp.float8_e4m3fn), jnp.uint8)
+    return (bits & 0x7F).astype(jnp.int32)
+
+
+def block_encode_scale_table(gds: jax.Array) -> jax.Array:
+    """`block_encode_scale` of every non-negative E4M3 value: a (128,) float32 table.
+
+    The per-block encode scale depends only on the block's 7-bit E4M3 code and the
+    tensor's global decode scale, so one correctly rounded division per code (128 per
+    tensor) replaces one per block; ``table[e4m3_code(s)] == block_encode_scale(s, gds)``
+    bit for bit. Entry 127 (NaN) is never looked up.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> s = jnp.array([0.0, 0.5, 448.0], jnp.float32)
+      >>> t = block_encode_scale_table(jnp.float32(1.0))
+      >>> bool((t[e4m3_code(s)] == block_encode_scale(s, jnp.float32(1.0))).all())
+      True
+    """
+    codes = jnp.arange(E4M3_CODES, dtype=jnp.uint8)
+    values = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn).astype(_F32)
+    values = jnp.where(codes == E4M3_CODES - 1, np.float32(0.0), values)
+    return block_encode_scale(values, gds)
+
+
 def element_decode_factor(s: jax.Array, amax: jax.Array) -> jax.Array:
     """``fl(fl(s · amax) · fl(1/2688))``: what one E2M1 value is multiplied by on decode."""
     return (s * amax) * INV_GLOBAL_SCALE_NUMERATOR

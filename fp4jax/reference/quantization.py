@@ -140,14 +140,17 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
 
     s = scales.block_decode_scale(bamax, ges)  # float32 holding the exact E4M3 value
     s_el = jnp.repeat(s, BLOCK, axis=-2)[..., : lead[-1], :] if block_2d else s
-    enc = scales.block_encode_scale(s_el, gds)
+    # One division per E4M3 code, not per block: XLA would otherwise fuse the integer
+    # long division into the per-element loop and redo it for all 16 elements.
+    enc = scales.block_encode_scale_table(gds)[scales.e4m3_code(s_el)]
     v = jnp.clip(blocks * enc[..., None], -E2M1_MAX, E2M1_MAX)
     a = jnp.abs(v)
     if rounding == "nearest":
         mag = rnd.e2m1_code_nearest(a)
     else:
-        bits = random_bits.uniform_bits24(key, tuple(xf.shape))
-        mag = rnd.e2m1_code_stochastic(a, jnp.transpose(bits, perm).reshape(blocks.shape))
+        grid = tuple(nb if d == axis else n_d for d, n_d in enumerate(x.shape))
+        u8 = random_bits.block_bytes(key, random_bits.block_index(grid, perm))
+        mag = rnd.e2m1_code_stochastic(a, u8)
     codes = (mag | jnp.where(v < 0, jnp.uint8(8), jnp.uint8(0))).reshape(*lead, padded)
 
     data = jnp.transpose(pack_codes(codes, -1), inv)
