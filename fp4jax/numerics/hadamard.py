@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fp4jax.numerics import layout, rounding
 from fp4jax.numerics.constants import BLOCK
@@ -92,15 +93,19 @@ def rht(
         )
     round_to = x.dtype if round_to is None else jnp.dtype(round_to)
     s = jnp.asarray(check_signs(signs), dtype=jnp.float32)
-    y = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
-    lead = y.shape[:-1]
-    y = y.reshape(*lead, n // BLOCK, BLOCK) * s
+    # The butterfly runs in place along `axis` (no transposes): the axis is split into
+    # (runs, 16) and every stage pairs slices of the 16, whatever lies after the axis.
+    before, after = x.shape[:axis], x.shape[axis + 1:]
+    runs = n // BLOCK
+    y = x.astype(jnp.float32).reshape(*before, runs, BLOCK, *after)
+    y = y * s.reshape((BLOCK,) + (1,) * len(after))
     h = 1
     while h < BLOCK:
         # Pairs (i, i + h) within each group of 2h: Sylvester order, H = [[H, H], [H, -H]].
-        g = y.reshape(*lead, n // BLOCK, BLOCK // (2 * h), 2, h)
-        a, b = g[..., 0, :], g[..., 1, :]
-        y = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n // BLOCK, BLOCK)
+        g = y.reshape(*before, runs, BLOCK // (2 * h), 2, h, *after)
+        a = lax.index_in_dim(g, 0, axis + 2, keepdims=False)
+        b = lax.index_in_dim(g, 1, axis + 2, keepdims=False)
+        y = jnp.stack([a + b, a - b], axis=axis + 2).reshape(*before, runs, BLOCK, *after)
         h *= 2
-    y = (y * 0.25).reshape(*lead, n)
-    return jnp.moveaxis(rounding.round_to_dtype(y, round_to), -1, axis)
+    y = (y * 0.25).reshape(x.shape)
+    return rounding.round_to_dtype(y, round_to)
