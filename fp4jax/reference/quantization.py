@@ -119,6 +119,12 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
         amax_x = jnp.where(jnp.isfinite(amax), amax, amax_x)
     ges = scales.global_encode_scale(amax_x)
     gds = rnd.div_rn(np.float32(1.0), ges)
+    # One division per E4M3 code (128 per tensor), not one per block.
+    enc_table = scales.block_encode_scale_table(gds)
+    # The scalar scales and the table are computed once: without the barrier XLA
+    # duplicates their integer long divisions into every fusion that reads them, which
+    # multiplies the program size (compile time) and, in per-element fusions, the work.
+    ges, enc_table = lax.optimization_barrier((ges, enc_table))
     amax = jnp.where(poisoned, np.float32(np.nan), amax_x).astype(_F32)
 
     perm = layout.canonical_perm(x.ndim, axis, tile_axis)
@@ -140,9 +146,7 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
 
     s = scales.block_decode_scale(bamax, ges)  # float32 holding the exact E4M3 value
     s_el = jnp.repeat(s, BLOCK, axis=-2)[..., : lead[-1], :] if block_2d else s
-    # One division per E4M3 code, not per block: XLA would otherwise fuse the integer
-    # long division into the per-element loop and redo it for all 16 elements.
-    enc = scales.block_encode_scale_table(gds)[scales.e4m3_code(s_el)]
+    enc = enc_table[scales.e4m3_code(s_el)]
     v = jnp.clip(blocks * enc[..., None], -E2M1_MAX, E2M1_MAX)
     a = jnp.abs(v)
     if rounding == "nearest":
