@@ -368,3 +368,15 @@ def test_sharded_equals_unsharded():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=root, timeout=600)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_unquantized_forward_with_bf16_and_moved_contraction_runs_on_cpu():
+    """with_bf16_forward() with bf16 inputs and the lhs contraction not last computes the
+    forward with lax.dot_general's own dimension numbers (issue 10.10): no CPU DotThunk
+    error, and the result is exactly lax.dot_general's."""
+    x = jax.random.normal(jax.random.key(0), (32, 8, 4), jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(1), (32, 16), jnp.bfloat16)
+    dn = (((0,), (0,)), ((), ()))
+    r = fp4jax.Recipe.nvfp4().with_bf16_forward()
+    y = fp4jax.dot_general(x, w, dn, recipe=r, key=jax.random.key(2))
+    np.testing.assert_array_equal(_bits(y), _bits(jax.lax.dot_general(x, w, dn)))

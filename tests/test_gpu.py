@@ -141,3 +141,42 @@ def test_full_training_step_matches_cpu_to_summation_order():
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         np.testing.assert_allclose(a, b, rtol=2.0**-7, atol=0)
         assert np.mean(a != b) < 1e-3
+
+
+def test_quantizer_input_rounding_survives_a_cast_in_the_same_jit():
+    """The input of the quantizer is re-rounded to its dtype with integer ops, so a
+    float32 -> bfloat16 cast just before it in one jit cannot be elided (issue 10.11)."""
+    x = _data((128, 256), jnp.float32, seed=5)
+
+    def f(x):
+        q = fp4jax.quantize((x * 1.0001).astype(jnp.bfloat16))
+        r = fp4jax.quantize((x * 1.0001).astype(jnp.bfloat16), axis=0, hadamard=True)
+        return q.data, q.scales, q.amax, r.data, r.scales, r.amax
+
+    gpu, cpu = _both(f, x)
+    for g, c in zip(_as_bits(gpu), _as_bits(cpu)):
+        np.testing.assert_array_equal(g, c)
+
+
+def test_jitted_train_step_with_a_cast_quantizes_like_the_cpu():
+    """A whole jitted forward+backward whose model casts float32 -> bfloat16 right before
+    an NVFP4 layer: the quantized activation is bit-identical to the CPU's, and the
+    gradients agree to summation order."""
+    x = _data((64, 128), jnp.float32, seed=6)
+    w = _data((128, 64), jnp.float32, seed=7)
+    key = jax.random.key(8)
+
+    def step(x, w):
+        def loss(w):
+            h = (x * 1.0001).astype(jnp.bfloat16)  # the cast XLA may fold into the quantizer
+            y = fp4jax.dot_general(h, w.astype(jnp.bfloat16), LINEAR, key=key)
+            return jnp.mean(jnp.square(y.astype(jnp.float32)))
+        value, grad = jax.value_and_grad(loss)(w)
+        q = fp4jax.quantize((x * 1.0001).astype(jnp.bfloat16))
+        return value, grad, q.data, q.scales
+
+    gpu, cpu = _both(step, x, w)
+    for g, c in zip(_as_bits(gpu[2:]), _as_bits(cpu[2:])):
+        np.testing.assert_array_equal(g, c)
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5)
+    np.testing.assert_allclose(gpu[1], cpu[1], rtol=2e-2, atol=1e-3 * np.abs(cpu[1]).max())

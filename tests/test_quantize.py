@@ -516,3 +516,27 @@ def test_bad_inputs_raise_clear_errors():
         fp4jax.quantize(x, rounding="stochastic", key=jnp.zeros(2, jnp.float32))
     with pytest.raises(ValueError, match="impl must be one of"):
         fp4jax.quantize(x, impl="triton")
+
+
+def test_huge_finite_inputs_decode_finite():
+    """amax above FLT_MAX/448 (~7.6e35) still decodes finite (issue 10.7); below it the
+    decode is Transformer Engine's formula bit for bit."""
+    for v in (1e36, 3e38):
+        x = jnp.full((1, 16), v, jnp.float32).at[0, 3].set(-v / 3)
+        y = fp4jax.dequantize(fp4jax.quantize(x))
+        assert bool(jnp.all(jnp.isfinite(y))), (v, y)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0.25)
+    x = _data(40, (8, 64))
+    q = fp4jax.quantize(x)
+    te = (np.asarray(q.scales.astype(jnp.float32)) * np.float32(q.amax)).astype(np.float32) \
+        * (np.float32(1) / np.float32(2688))
+    want = np.asarray(nvfp4_array.e2m1_to_f32(q.codes())) * np.repeat(te, 16, axis=1)
+    np.testing.assert_array_equal(_bits(fp4jax.dequantize(q)), _bits(want.astype(np.float32)))
+
+
+def test_empty_and_bad_keys_raise_clear_errors():
+    """An empty array and a non-key `key` get our errors, not raw internal ones (10.9)."""
+    with pytest.raises(ValueError, match="non-empty array, got shape \\(0, 16\\)"):
+        fp4jax.quantize(jnp.zeros((0, 16)))
+    with pytest.raises(TypeError, match="jax.random key"):
+        fp4jax.quantize(jnp.ones((4, 16)), rounding="stochastic", key=42)

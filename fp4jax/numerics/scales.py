@@ -107,8 +107,22 @@ def block_encode_scale_table(gds: jax.Array) -> jax.Array:
 
 
 def element_decode_factor(s: jax.Array, amax: jax.Array) -> jax.Array:
-    """``fl(fl(s · amax) · fl(1/2688))``: what one E2M1 value is multiplied by on decode."""
-    return (s * amax) * INV_GLOBAL_SCALE_NUMERATOR
+    """What one E2M1 value is multiplied by on decode (docs/RECIPE.md §2.7).
+
+    Transformer Engine's ``fl(fl(s · amax) · fl(1/2688))``, bit for bit, wherever that is
+    finite. For ``amax`` above ``FLT_MAX / 448`` (≈ 7.6e35) the first product can
+    overflow although the decoded value is representable; there the factor is
+    ``fl(s · fl(amax · fl(1/2688)))`` instead, so a finite input always decodes finite.
+    A NaN ``amax`` (a poisoned tensor) stays NaN.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> bool(jnp.isfinite(element_decode_factor(jnp.float32(448.0), jnp.float32(1e36))))
+      True
+    """
+    te = (s * amax) * INV_GLOBAL_SCALE_NUMERATOR
+    reordered = s * (amax * INV_GLOBAL_SCALE_NUMERATOR)
+    return jnp.where(jnp.isinf(s * amax) & jnp.isfinite(amax), reordered, te)
 
 
 def output_scale(lhs_amax: jax.Array, rhs_amax: jax.Array) -> jax.Array:

@@ -101,7 +101,10 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     dtype = x.dtype
     tile_axis = layout.tile_axis_for(axis, x.ndim) if block_2d else None
     n = x.shape[axis]
-    xf = x.astype(_F32)
+    # Re-round to the input dtype with integer ops: under jit on the GPU, XLA may have
+    # deleted a float32 -> bfloat16 -> float32 round trip just before this call (excess
+    # precision), handing us unrounded values. A no-op for values already in the dtype.
+    xf = rnd.round_to_dtype(x.astype(_F32), dtype)
     if hadamard:
         xf = hadamard_lib.rht(xf, axis, signs, round_to=dtype)
     padded = layout.num_blocks(n) * BLOCK
