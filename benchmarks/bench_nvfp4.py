@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from benchmarks.timing import environment, time_fn
+from pallas_kernels.timing import environment, time_fn
 
 Q = sys.modules["fp4jax.quantize"]
 LINEAR = (((1,), (0,)), ((), ()))
