@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -51,6 +52,12 @@ def environment() -> dict:
         "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def copy_seconds(x: jax.Array, **kw) -> float:
+    """`time_fn` of an XLA elementwise ``x + 1``: the HBM copy baseline (read + write ``x``)."""
+    copy = jax.jit(lambda a: a + jnp.asarray(1, a.dtype))
+    return time_fn(copy, [(x,)], **kw)
 
 
 def nbytes(tree: Any) -> int:
