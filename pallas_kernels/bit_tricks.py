@@ -80,7 +80,7 @@ def rne_to_16bit(y: jax.Array, dtype) -> jax.Array:
 
 def round_block_max(m: jax.Array, dtype) -> jax.Array:
     """Rounds a non-negative max to ``dtype``, keeping NaN."""
-    return jnp.where(m != m, m, rne_to_16bit(m, dtype))
+    return jnp.where(m != m, m, rne_to_16bit(m, dtype))  # noqa: PLR0124 - a NaN test
 
 
 def finite_or_zero(x: jax.Array) -> jax.Array:
@@ -114,7 +114,7 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult):
     small = d < np.float32(2.0**-6)
     s = jnp.where(small, code_sub.astype(_F32) * np.float32(2.0**-9), _f32(s_norm))
     code_norm = (((s_norm >> 23) - _U32(120)) << 3) | ((s_norm >> 20) & _U32(7))
-    ok = d == d
+    ok = d == d  # noqa: PLR0124 - False for NaN
     code = jnp.where(ok, jnp.where(small, code_sub, code_norm), _U32(0x7F))
     enc = jnp.minimum(1.0 / (s * gds), FLT_MAX)
     return enc, code, ok

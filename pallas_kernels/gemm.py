@@ -72,7 +72,7 @@ def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
     return lax.slice_in_dim(s, 0, length, axis=axis)
 
 
-def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,  # noqa: N803
+def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,
                  config: TuningConfig | None) -> str | None:
     """`supports` under ``config`` (None: `default_config`), for valid operands."""
     nd = lhs.ndim
@@ -100,7 +100,7 @@ def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,  # noqa: N
 
 
 def supports(lhs: NVFP4Array, rhs: NVFP4Array, *,
-             lhs_from_mT: bool = False) -> str | None:  # noqa: N803 - mirrors NVFP4Array.mT
+             lhs_from_mT: bool = False) -> str | None:
     """Whether `matmul` (default tuning) takes these operands: None, or why not.
 
     Operands that are no valid NVFP4 GEMM for any implementation raise (see
@@ -131,7 +131,7 @@ def matmul(
     rhs: NVFP4Array,
     *,
     preferred_element_type: Any = jnp.float32,
-    lhs_from_mT: bool = False,  # noqa: N803 - mirrors NVFP4Array.mT
+    lhs_from_mT: bool = False,  # mirrors NVFP4Array.mT
     config: TuningConfig | None = None,
     interpret: bool = False,
 ) -> jax.Array:
@@ -245,7 +245,7 @@ def reference(
     lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
 ) -> jax.Array:
     """The pure-XLA NVFP4 GEMM the kernel must match (`fp4jax.reference.gemm.matmul`)."""
-    from fp4jax.reference import gemm as reference_gemm  # noqa: PLC0415 - the spec
+    from fp4jax.reference import gemm as reference_gemm  # the spec, imported lazily
 
     return reference_gemm.matmul(lhs, rhs, preferred_element_type=preferred_element_type)
 
@@ -283,9 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     ``--layouts`` adds the dgrad and wgrad layouts at 8192³; ``--sweep`` times a few
     tuning configs at 8192³ and for the skinny shape.
     """
-    import sys  # noqa: PLC0415
+    import sys
 
-    from fp4jax.reference.quantization import quantize  # noqa: PLC0415 - test operands
+    from fp4jax.reference.quantization import quantize  # the operands' spec, lazily
 
     argv = sys.argv[1:] if argv is None else argv
     dev = jax.devices()[0]

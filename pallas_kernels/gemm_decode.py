@@ -26,8 +26,7 @@ from jax import lax
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith
-from jaxlib.mlir.dialects import vector
+from jaxlib.mlir.dialects import arith, vector
 
 from fp4jax.numerics.constants import BLOCK
 

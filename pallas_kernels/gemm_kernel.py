@@ -127,7 +127,8 @@ def _kernel(
             compute_context=compute_context,
         )
 
-    ignore = lambda *_, **__: None  # noqa: E731
+    def ignore(*_, **__):
+        return None
 
     @functools.partial(
         pl.run_scoped,
@@ -282,14 +283,14 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     else:
         a_dec = plgpu.SMEM((1, 8, 64), jnp.bfloat16, transforms=bf16_tf)  # unused
     b_dec_shape = (2, tn, tk) if p.rhs_cols else (2, tk, tn)
-    scratch = dict(
-        out_smem=plgpu.SMEM(
+    scratch = {
+        "out_smem": plgpu.SMEM(
             (2, num_out_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
             transforms=_swizzled(cfg.epi_tile_n * bits // 8, bits, "out"),
         ),
-        a_dec_smem=a_dec,
-        b_dec_smem=plgpu.SMEM(b_dec_shape, jnp.bfloat16, transforms=bf16_tf),
-    )
+        "a_dec_smem": a_dec,
+        "b_dec_smem": plgpu.SMEM(b_dec_shape, jnp.bfloat16, transforms=bf16_tf),
+    }
     num_tiles = p.batch * cfg.k_splits * (p.m // cfg.cta_tile_m) * (p.n // cfg.cta_tile_n)
     grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
     kernel = plgpu.kernel(

@@ -297,7 +297,7 @@ def reference(
       >>> quantize_single.reference(jnp.ones((16, 16), jnp.bfloat16)).data.shape
       (16, 8)
     """
-    from fp4jax.reference import quantization  # noqa: PLC0415 - the spec, not a dependency
+    from fp4jax.reference import quantization  # the spec, imported lazily
 
     return quantization.quantize(x, axis=axis, block_2d=block_2d, rounding=rounding, key=key,
                                  hadamard=hadamard, hadamard_signs=hadamard_signs, amax=amax)
@@ -313,7 +313,7 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     against the same byte count). Each kernel row is checked bit for bit against the XLA
     reference on the same device.
     """
-    from fp4jax.reference import quantization  # noqa: PLC0415 - the spec to compare with
+    from fp4jax.reference import quantization  # the spec to compare with, lazily
 
     dev = jax.devices()[0]
     x = (jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
@@ -326,7 +326,7 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     def add(name, fn, out_bytes, check=None, *args):
         t = timing.time_fn(fn, [args or (x,)], warmup=2, iters=reps, reps=inner)
         gbs = (in_bytes + out_bytes) / t / 1e9
-        row = dict(name=name, us=t * 1e6, gbs=gbs)
+        row = {"name": name, "us": t * 1e6, "gbs": gbs}
         if check is not None:
             row["bit_exact"] = check()
         rows.append(row)
@@ -337,7 +337,7 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     copy_gbs = 2 * in_bytes / t_copy / 1e9
     print(f"device: {dev.device_kind}  jax {jax.__version__}  shape {m}x{k} bf16")
     print(f"{'HBM copy (XLA x+1, read+write)':58s} {t_copy * 1e6:9.1f} us {copy_gbs:8.1f} GB/s")
-    rows.append(dict(name="copy", us=t_copy * 1e6, gbs=copy_gbs))
+    rows.append({"name": "copy", "us": t_copy * 1e6, "gbs": copy_gbs})
 
     ref_1d = jax.jit(lambda a: quantization.quantize(a))
     r1 = ref_1d(x)

@@ -138,7 +138,9 @@ def quantize_rowwise_columnwise(
     rc, rs, ra, cc, cs, ca = _rowcol_jit(
         x, row_key, col_key, checks.check_amax(row_amax), checks.check_amax(col_amax),
         rounding=rounding, hadamard_signs=signs, config=config, interpret=bool(interpret))
-    e4m3 = lambda s: lax.bitcast_convert_type(s, jnp.float8_e4m3fn)  # noqa: E731
+    def e4m3(s):
+        return lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
+
     row = NVFP4Array(data=rc, scales=e4m3(rs), amax=ra, shape=tuple(x.shape), dtype=x.dtype,
                      axis=1)
     col = NVFP4Array(data=cc, scales=e4m3(cs), amax=ca, shape=tuple(x.shape), dtype=x.dtype,
@@ -149,7 +151,7 @@ def quantize_rowwise_columnwise(
 def reference(x, *, rounding="nearest", row_key=None, col_key=None, hadamard_signs=None,
               row_amax=None, col_amax=None) -> tuple[NVFP4Array, NVFP4Array]:
     """The pure-JAX reference of `quantize_rowwise_columnwise`: two reference quantizes."""
-    from fp4jax.reference import quantization  # noqa: PLC0415 - the spec, not a dependency
+    from fp4jax.reference import quantization  # the spec, imported lazily
 
     return (
         quantization.quantize(x, axis=1, rounding=rounding, key=row_key, amax=row_amax),
@@ -179,7 +181,7 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     def add(name, fn, out_bytes, check=None, *args):
         t = timing.time_fn(fn, [args or (x,)], warmup=2, iters=reps, reps=inner)
         gbs = (in_bytes + out_bytes) / t / 1e9
-        row = dict(name=name, us=t * 1e6, gbs=gbs)
+        row = {"name": name, "us": t * 1e6, "gbs": gbs}
         if check is not None:
             row["bit_exact"] = check()
         rows.append(row)
@@ -190,13 +192,16 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     copy_gbs = 2 * in_bytes / t_copy / 1e9
     print(f"device: {dev.device_kind}  jax {jax.__version__}  shape {m}x{k} bf16")
     print(f"{'HBM copy (XLA x+1, read+write)':58s} {t_copy * 1e6:9.1f} us {copy_gbs:8.1f} GB/s")
-    rows.append(dict(name="copy", us=t_copy * 1e6, gbs=copy_gbs))
+    rows.append({"name": "copy", "us": t_copy * 1e6, "gbs": copy_gbs})
 
     ref = jax.jit(lambda a: reference(a, rounding="stochastic", row_key=rk, col_key=ck))
     r2 = ref(x)
     out2 = timing.nbytes([(q.data, q.scales) for q in r2])
     add("XLA two-output (rowwise + columnwise RHT), SR", ref, out2)
-    same = lambda got: all(timing.bits_equal(a, b) for a, b in zip(got, r2))  # noqa: E731
+
+    def same(got):
+        return all(timing.bits_equal(a, b) for a, b in zip(got, r2))
+
     for cfg in configs or (TWO_OUTPUT_CONFIG,):
         f = jax.jit(lambda a, cfg=cfg: quantize_rowwise_columnwise(
             a, rounding="stochastic", row_key=rk, col_key=ck, config=cfg, interpret=interpret))

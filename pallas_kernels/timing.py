@@ -50,7 +50,7 @@ def environment() -> dict:
         "device": getattr(d, "device_kind", str(d)),
         "platform": d.platform,
         "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

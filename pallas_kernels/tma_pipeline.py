@@ -115,7 +115,7 @@ def pipelined_loop(spec: KernelSpec, x_gmem, x_smem, bar, body):
 
     for s in range(spec.stages):
         @pl.when(s < n_local)
-        def _prologue():
+        def _prologue(s=s):
             fetch(s, s)
 
     def step(i, carry):
