@@ -18,7 +18,6 @@ Writes DIR/bench_nvfp4.json and prints Markdown tables (pasted into docs/BENCHMA
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -31,7 +30,6 @@ import numpy as np
 import fp4jax
 from pallas_kernels.timing import environment, time_fn
 
-Q = sys.modules["fp4jax.quantize"]
 LINEAR = (((1,), (0,)), ((), ()))
 
 
