@@ -266,7 +266,8 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
       interpret: Mosaic GPU interpret mode (CPU).
 
     Returns:
-      (B, M, N) of ``p.out_dtype``, or (k_splits, B, M, N) float32 unscaled partial sums.
+      (B, M, N) of ``p.out_dtype``, or with ``k_splits > 1`` (k_splits, B, M, N) float32
+      partial sums before the output scale.
     """
     tm, tn, tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
     out_dtype = jnp.float32 if cfg.k_splits > 1 else p.out_dtype
