@@ -18,7 +18,6 @@ Writes DIR/bench_nvfp4.json and prints Markdown tables (pasted into docs/BENCHMA
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -29,9 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from benchmarks.timing import environment, time_fn
+from pallas_kernels.timing import environment, time_fn
 
-Q = sys.modules["fp4jax.quantize"]
 LINEAR = (((1,), (0,)), ((), ()))
 
 
@@ -52,18 +50,19 @@ def _entry(res: dict, name: str, measure) -> None:
 
 def _kernels():
     try:
-        from pallas_kernels import matmul as kmat
+        from pallas_kernels import gemm as kmat
     except Exception:  # noqa: BLE001
         kmat = None
     try:
-        from pallas_kernels import quantize as kq
+        from pallas_kernels import quantize_single as kq
+        from pallas_kernels import quantize_two_output as kq2
     except Exception:  # noqa: BLE001
-        kq = None
-    return kq, kmat
+        kq = kq2 = None
+    return kq, kq2, kmat
 
 
 def bench_quantize(n: int, iters: int) -> dict:
-    kq, _ = _kernels()
+    kq, kq2, _ = _kernels()
     keys = jax.random.split(jax.random.key(0), 3)
     xs = [jax.random.normal(k, (n, n), jnp.bfloat16) for k in keys[:2]]
     res = {}
@@ -93,7 +92,7 @@ def bench_quantize(n: int, iters: int) -> dict:
     entry("xla_two_output_rht_sr", jax.jit(two), args_k, 2 * out_1d)
     if kq is not None:
         entry("pallas_1d_rne", jax.jit(lambda x: kq.quantize(x)), args, out_1d)
-        entry("pallas_two_output_rht_sr", jax.jit(lambda x, k: kq.quantize_rowwise_columnwise(
+        entry("pallas_two_output_rht_sr", jax.jit(lambda x, k: kq2.quantize_rowwise_columnwise(
             x, rounding="stochastic", row_key=jax.random.fold_in(k, 2),
             col_key=jax.random.fold_in(k, 5))), args_k, 2 * out_1d)
     return res
@@ -105,7 +104,7 @@ def Q_jax_nn(x, cfg):  # noqa: N802 - jax.nn's own nvfp4 quantizer (the peer a u
 
 
 def bench_gemm(shapes, iters: int) -> dict:
-    _, kmat = _kernels()
+    _, _, kmat = _kernels()
     res = {}
     for m, k, n in shapes:
         keys = jax.random.split(jax.random.key(m + k + n), 4)

@@ -1,14 +1,12 @@
 """Stage-by-stage GPU vs CPU comparison of the emulated NVFP4 GEMM (diagnostic)."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
+from fp4jax.reference import quantization as Q
 
-Q = sys.modules["fp4jax.quantize"]
 GPU, CPU = jax.devices("gpu")[0], jax.devices("cpu")[0]
 
 

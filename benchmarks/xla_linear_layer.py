@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from benchmarks.timing import environment, time_fn
+from pallas_kernels.timing import environment, time_fn
 
 LINEAR = (((1,), (0,)), ((), ()))
 

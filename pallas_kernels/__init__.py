@@ -1,0 +1,18 @@
+"""Hopper (sm_90) Pallas Mosaic GPU kernels for NVFP4, beside the pure-JAX reference.
+
+One job per module (docs/ARCHITECTURE.md):
+
+* `quantize_single`: quantize one tensor (`quantize`, `supports`, `reference`, `main`).
+* `quantize_two_output`: the rowwise and columnwise-RHT copies from one read
+  (`quantize_rowwise_columnwise`, `supports`, `reference`, `main`).
+* `gemm`: the NVFP4 × NVFP4 GEMM (`matmul`, `supports`, `reference`, `main`);
+  `gemm_config` its tuning, `gemm_kernel` the kernel body, `gemm_decode` the in-kernel
+  E2M1 decode.
+* `amax`: the global-amax pass; `quantize_engines`: the quantize kernel body;
+  `bit_tricks`: in-kernel elementwise numerics; `tma_pipeline`: the shared Mosaic GPU
+  plumbing (layouts, TMA pipeline, grid, `num_sms`); `timing`: the one timer.
+
+The modules import only `fp4jax.numerics` and each other (a `reference()` or `main()`
+may import the pure-JAX reference it is compared with). This package imports nothing:
+import the submodule you need.
+"""

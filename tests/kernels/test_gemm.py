@@ -1,4 +1,5 @@
-"""Tests of the Mosaic GPU NVFP4 GEMM (`pallas_kernels.matmul`) against `fp4jax.matmul`.
+"""Tests of the Mosaic GPU NVFP4 GEMM (`pallas_kernels.gemm`) against the reference GEMM
+`fp4jax.reference.gemm.matmul`, and of its `supports`.
 
 CPU/CI: the kernel runs in Mosaic GPU interpret mode on small shapes for the fprop,
 dgrad and wgrad layouts, split-K with a padded skinny M, batch dims and both ways of
@@ -23,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import fp4jax
-from pallas_kernels import matmul as mm
-from pallas_kernels import matmul_decode as dec
+from fp4jax.reference.gemm import matmul as ref_matmul
+from fp4jax.reference.quantization import quantize
+from pallas_kernels import gemm
+from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, default_config
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,14 +52,14 @@ def _layout_operands(layout, m, n, k, *, exact=False, seed=0):
     data = _exact if exact else _normal
     if layout == "fprop":  # Y = X W: X blocked along K, W 2D-tiled.
         x, w = data((m, k), seed), data((k, n), seed + 1)
-        return fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True), {}
+        return quantize(x), quantize(w, axis=0, block_2d=True), {}
     if layout == "dgrad":  # dX = dY W^T: dY (m, k) blocked along k, W (n, k) 2D-tiled.
         g, w = data((m, k), seed), data((n, k), seed + 1)
-        return fp4jax.quantize(g), fp4jax.quantize(w, axis=0, block_2d=True).mT, {}
+        return quantize(g), quantize(w, axis=0, block_2d=True).mT, {}
     if layout in ("wgrad", "wgrad_plain"):  # dW = X^T dY, both blocked along tokens.
         x, g = data((k, m), seed), data((k, n), seed + 1)
         kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
-        return fp4jax.quantize(x, axis=0).mT, fp4jax.quantize(g, axis=0), kw
+        return quantize(x, axis=0).mT, quantize(g, axis=0), kw
     raise ValueError(layout)
 
 
@@ -83,7 +85,7 @@ def _compare(got, want):
 # ----------------------------------------------------------------------------------------
 
 def _small(**kw):
-    return mm.TuningConfig(tile_m=64, tile_n=64, tile_k=64, **{"num_sms": 1, **kw})
+    return TuningConfig(tile_m=64, tile_n=64, tile_k=64, **{"num_sms": 1, **kw})
 
 
 # name -> (layout, (m, n, k), exact inputs, preferred_element_type, config, batch).
@@ -92,7 +94,7 @@ def _small(**kw):
 INTERPRET_CASES = {
     "fprop_batched": ("fprop", (64, 128, 128), False, "float32", _small(), 2),
     "dgrad_wg_m": ("dgrad", (128, 64, 128), False, "float32",
-                   _small(wg_dimension=mm.MatmulDimension.M), None),
+                   _small(wg_dimension=MatmulDimension.M), None),
     "wgrad_from_mT": ("wgrad", (64, 128, 128), True, "float32", _small(), None),
     "skinny_splitk_bf16": ("fprop", (16, 128, 128), False, "bfloat16",
                            _small(k_splits=2, num_sms=2), None),
@@ -104,22 +106,23 @@ def _run_case(name):
     if batch:  # fprop with leading batch dims
         data = _exact if exact else _normal
         x, w = data((batch, m, k), 0), data((batch, k, n), 1)
-        lhs, rhs, kw = fp4jax.quantize(x), fp4jax.quantize(w, axis=1, block_2d=True), {}
+        lhs, rhs, kw = quantize(x), quantize(w, axis=1, block_2d=True), {}
     else:
         lhs, rhs, kw = _layout_operands(layout, m, n, k, exact=exact)
-    got = mm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
-    want = fp4jax.matmul(lhs, rhs, preferred_element_type=dtype)
+    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
+    want = ref_matmul(lhs, rhs, preferred_element_type=dtype)
     return _compare(got, want)
 
 
 @functools.cache
 def _interpret_results():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=_ROOT,
+    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
                XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
                + " --xla_force_host_platform_device_count=8")
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--interpret-worker"],
-        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -137,6 +140,45 @@ def test_interpret_matches_reference(name):
         assert r["max_rel_elem"] <= 2.0**-7, r
 
 
+# --- supports(): the predicate and the wrapper agree. ---------------------------------
+
+@pytest.mark.parametrize("layout, mnk, supported", [
+    ("fprop", (256, 512, 512), True),
+    ("dgrad", (256, 512, 512), True),
+    ("wgrad", (256, 512, 512), True),
+    ("fprop", (16, 1024, 2048), True),  # skinny: M zero-padded to one tile
+    ("fprop", (128, 200, 128), False),  # N not a multiple of the tile
+    ("fprop", (128, 256, 80), False),  # K not a multiple of tile_k
+    ("fprop", (200, 256, 128), False),  # M > tile but not a multiple
+    ("wgrad", (96, 256, 128), False),  # padding M needs lhs_from_mT=False
+])
+def test_supports_agrees_with_the_wrapper(layout, mnk, supported):
+    """None for operands the kernel takes (the wrapper traces), else a one-line reason
+    naming the shapes, which is exactly the wrapper's ValueError."""
+    lhs, rhs, kw = _abstract_operands(layout, *mnk)
+    reason = gemm.supports(lhs, rhs, **kw)
+    run = functools.partial(gemm.matmul, **kw)
+    if supported:
+        assert reason is None
+        assert jax.eval_shape(run, lhs, rhs).shape == mnk[:2]
+    else:
+        assert isinstance(reason, str) and "\n" not in reason and str(lhs.shape) in reason
+        with pytest.raises(ValueError) as err:
+            jax.eval_shape(run, lhs, rhs)
+        assert str(err.value) == reason
+
+
+def test_supports_lhs_blocked_along_m():
+    x = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    q_m, q_k = jax.eval_shape(
+        lambda a: (quantize(a, axis=0, block_2d=True), quantize(a, axis=0)), x)
+    reason = gemm.supports(q_m, q_k)
+    assert "blocked along M" in reason
+    with pytest.raises(ValueError) as err:
+        jax.eval_shape(gemm.matmul, q_m, q_k)
+    assert str(err.value) == reason
+
+
 @pytest.mark.parametrize(
     "layout, mnk, cfg, match",
     [
@@ -144,139 +186,43 @@ def test_interpret_matches_reference(name):
         ("fprop", (128, 256, 80), None, "K=80"),  # K not a multiple of tile_k
         ("fprop", (200, 256, 128), None, "M=200"),  # M > tile but not a multiple
         ("wgrad", (96, 256, 128), None, "M=96"),  # padding M needs lhs_from_mT=False
-        ("fprop", (128, 256, 128), mm.TuningConfig(k_splits=4), "tile_k·k_splits"),
+        ("fprop", (128, 256, 128), TuningConfig(k_splits=4), "tile_k·k_splits"),
     ],
 )
 def test_shapes_it_cannot_take(layout, mnk, cfg, match):
     lhs, rhs, kw = _abstract_operands(layout, *mnk)
     with pytest.raises(ValueError, match=match):
-        jax.eval_shape(functools.partial(mm.matmul, config=cfg, **kw), lhs, rhs)
+        jax.eval_shape(functools.partial(gemm.matmul, config=cfg, **kw), lhs, rhs)
 
 
 def test_unsupported_layouts_and_dtypes():
     x = jax.ShapeDtypeStruct((128, 128), jnp.float32)
     def quant(x, **kw):
-        return jax.eval_shape(functools.partial(fp4jax.quantize, **kw), x)
+        return jax.eval_shape(functools.partial(quantize, **kw), x)
     q_m = quant(x, axis=0, block_2d=True)  # lhs blocked along M
     q_k = quant(x, axis=0)
     with pytest.raises(ValueError, match="blocked along M"):
-        jax.eval_shape(mm.matmul, q_m, q_k)
+        jax.eval_shape(gemm.matmul, q_m, q_k)
     with pytest.raises(ValueError, match="preferred_element_type"):
-        jax.eval_shape(functools.partial(mm.matmul, preferred_element_type=jnp.int32),
+        jax.eval_shape(functools.partial(gemm.matmul, preferred_element_type=jnp.int32),
                        quant(x), q_k)
-    with pytest.raises(ValueError, match="contraction sizes differ"):  # check_operands
-        jax.eval_shape(mm.matmul, quant(jax.ShapeDtypeStruct((128, 64), jnp.float32)), q_k)
-
-
-def test_config_validation():
-    with pytest.raises(ValueError, match="tile_m"):
-        mm.TuningConfig(tile_m=96)
-    with pytest.raises(ValueError, match="max_concurrent_steps"):
-        mm.TuningConfig(max_concurrent_steps=1)
-    with pytest.raises(ValueError, match="epi_tile_n"):
-        mm.TuningConfig(epi_tile_n=48)
-    assert mm.default_config(8192, 8192, 8192) == mm.LARGE_CONFIG
-    assert mm.default_config(16, 8192, 8192) == mm.SKINNY_CONFIG
-    cfg = mm.default_config(384, 640, 1152)  # non-power-of-two multiples of 128
-    assert 384 % cfg.cta_tile_m == 0 and 640 % cfg.cta_tile_n == 0
-
-
-# --- The GPU decode's bit recipes and register renamings, checked on the CPU. ---------
-
-_E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-
-
-def _bf16_bits_value(bits):
-    """Exact value (float64, subnormals kept) of uint16 BF16 bit patterns."""
-    return (np.asarray(bits, np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def test_gpu_decode_bit_recipes():
-    """The integer recipes give e2m1(code) · 2**-126 (numpy mirror of the mgpu code)."""
-    b = np.arange(256, dtype=np.uint64)
-    lo, hi = _E2M1[b & 15] * 2.0**-126, _E2M1[b >> 4] * 2.0**-126
-    m32 = np.uint64(0xFFFFFFFF)
-    # Rows layout: one byte -> bf16x2 (low code, high code).
-    w = (((b * dec.ROWS_MAG_MUL) & m32) & dec.MAG_MASK) | (
-        ((b * dec.ROWS_SIGN_MUL) & m32) & dec.SIGN_MASK)
-    np.testing.assert_array_equal(_bf16_bits_value(w & 0xFFFF), lo)
-    np.testing.assert_array_equal(_bf16_bits_value(w >> 16), hi)
-    # Cols layout: bytes (b0, b1) of one row -> even-row (lo0, lo1), odd-row (hi0, hi1).
-    b0, b1 = np.meshgrid(b, b, indexing="ij")
-    assert dec.COLS_SPREAD == 0x4140  # prmt: bytes [b0, 0, b1, 0]
-    y = b0 | (b1 << 16)
-    for which, code in (("even", lambda v: v & 15), ("odd", lambda v: v >> 4)):
-        mag_s, sign_s = dec.COLS_SHIFTS[which]
-        w = (((y << mag_s) & m32) & dec.MAG_MASK) | (((y << sign_s) & m32) & dec.SIGN_MASK)
-        np.testing.assert_array_equal(_bf16_bits_value(w & 0xFFFF), _E2M1[code(b0)] * 2.0**-126)
-        np.testing.assert_array_equal(_bf16_bits_value(w >> 16), _E2M1[code(b1)] * 2.0**-126)
-    # Times the scale factor s · 2**118 (BF16), every product is e2m1 · s · 2**-8, exactly.
-    s = np.array([2.0**-9, 7 * 2.0**-9, 0.8125, 1.0, 240.0, 448.0])
-    prod = lo[:, None] * (s * 2.0**118)[None, :]
-    np.testing.assert_array_equal(prod, _E2M1[b & 15][:, None] * s[None, :] * 2.0**-8)
-    assert dec.SCALE_FACTOR_SUBNORMAL == 2.0**118 and dec.ACC_UNSCALE == 2.0**16
-    assert dec.SCALE_FACTOR_EXACT == 2.0**-8
-    # decode="normal": r = bf16((c & 7) << 6 + 0x3F00), then min(r, 2r - 1), then the sign.
-    mag = np.arange(8, dtype=np.uint64) << 6
-    r = _bf16_bits_value((mag + (dec.NORMAL_BIAS & 0xFFFF)) & 0xFFFF)
-    assert r.min() > 2.0**-126  # no subnormals anywhere
-    np.testing.assert_array_equal(np.minimum(r, 2 * r - 1), _E2M1[:8])
-    assert dec.NORMAL_BIAS >> 16 == dec.NORMAL_BIAS & 0xFFFF
-
-
-def _tiled_owner(layout, shape):
-    """{(warp, lane, register index, vector position): logical index} of a TiledLayout,
-    from the tiling semantics documented in mosaic/gpu/fragmented_array.py."""
-    idx = np.arange(int(np.prod(shape))).reshape(shape)
-    for tile in layout.tiling.tiles:
-        lead, dims = idx.shape[:-len(tile)], idx.shape[-len(tile):]
-        idx = idx.reshape(*lead, *[v for d, t in zip(dims, tile) for v in (d // t, t)])
-        nl = len(lead)
-        idx = idx.transpose(*range(nl), *range(nl, nl + 2 * len(tile), 2),
-                            *range(nl + 1, nl + 2 * len(tile), 2))
-    nd = idx.ndim
-    dims = lambda ds: [d % nd for d in ds if isinstance(d, int)]  # noqa: E731
-    warp_d, lane_d, vec_d = dims(layout.warp_dims), dims(layout.lane_dims), layout.vector_dim % nd
-    owner = {}
-    for pos in np.ndindex(idx.shape):
-        def lin(ds, pos=pos):
-            return int(np.ravel_multi_index([pos[d] for d in ds], [idx.shape[d] for d in ds]))
-        reg = tuple(0 if d in warp_d + lane_d + [vec_d] else pos[d] for d in range(nd))
-        owner[(lin(warp_d), lin(lane_d), reg, pos[vec_d])] = np.unravel_index(idx[pos], shape)
-    return owner
-
-
-def test_gpu_register_renamings():
-    """Decode and zip only rename registers: check them against Mosaic's layouts."""
-    from jax.experimental.mosaic import gpu as mgpu  # noqa: PLC0415
-
-    wgmma = _tiled_owner(mgpu.WGMMA_LAYOUT, (128, 64))
-    # The simulator reproduces the documented WGMMA assignment (lane 5: row 1, cols 2-3).
-    zero = (0,) * 9
-    assert [wgmma[(0, 5, zero, v)] for v in (0, 1)] == [(1, 2), (1, 3)]
-    assert wgmma[(1, 0, zero, 0)] == (16, 0)
-    rows_bytes = _tiled_owner(dec.ROWS_BYTES_LAYOUT.to_mgpu(), (128, 32))
-    for (w, l, reg, v), (i, j) in rows_bytes.items():  # byte (i, j) -> elements 2j, 2j+1
-        assert v == 0
-        for half in (0, 1):
-            assert wgmma[(w, l, reg, half)] == (i, 2 * j + half)
-    cols_bytes = _tiled_owner(dec.COLS_BYTES_LAYOUT.to_mgpu(), (8, 128))
-    decoded = _tiled_owner(dec.COLS_DECODED_LAYOUT.to_mgpu(), (16, 128))
-    for (w, l, reg, v), (j, c) in cols_bytes.items():  # packed row j -> rows 2j, 2j+1
-        for parity in (0, 1):
-            assert decoded[(w, l, dec.zipped_register(reg, parity), v)] == (2 * j + parity, c)
+    bad_k = quant(jax.ShapeDtypeStruct((128, 64), jnp.float32))
+    with pytest.raises(ValueError, match="contraction sizes differ"):  # check_gemm_operands
+        jax.eval_shape(gemm.matmul, bad_k, q_k)
+    with pytest.raises(ValueError, match="contraction sizes differ"):  # supports validates too
+        gemm.supports(bad_k, q_k)
 
 
 def test_lowers_for_cuda():
     """The Mosaic GPU lowering (layouts, transforms, SMEM budget) runs on a CPU host."""
     for layout, cfg in (("fprop", None), ("dgrad", None), ("wgrad", None),
-                        ("fprop", mm.TuningConfig(decode="normal")),
-                        ("dgrad", mm.TuningConfig(decode="normal", tile_n=64))):
+                        ("fprop", TuningConfig(decode="normal")),
+                        ("dgrad", TuningConfig(decode="normal", tile_n=64))):
         lhs, rhs, kw = _abstract_operands(layout, 512, 512, 512)
-        f = jax.jit(functools.partial(mm.matmul, config=cfg, **kw))
+        f = jax.jit(functools.partial(gemm.matmul, config=cfg, **kw))
         f.trace(lhs, rhs).lower(lowering_platforms=("cuda",))
     lhs, rhs, _ = _abstract_operands("fprop", 16, 1024, 2048)
-    jax.jit(mm.matmul).trace(lhs, rhs).lower(lowering_platforms=("cuda",))
+    jax.jit(gemm.matmul).trace(lhs, rhs).lower(lowering_platforms=("cuda",))
 
 
 # ----------------------------------------------------------------------------------------
@@ -299,9 +245,9 @@ def _poison_allocator(nbytes: int):
 @pytest.mark.parametrize("mnk", [(384, 640, 1152), (256, 512, 256), (1024, 1024, 2048)])
 def test_gpu_matches_reference(layout, mnk):
     lhs, rhs, kw = _layout_operands(layout, *mnk, seed=sum(mnk))
-    want = jax.jit(fp4jax.matmul)(lhs, rhs)
+    want = jax.jit(ref_matmul)(lhs, rhs)
     _poison_allocator(4 * mnk[0] * mnk[1])
-    got = mm.matmul(lhs, rhs, **kw)
+    got = gemm.matmul(lhs, rhs, **kw)
     r = _compare(got, want)
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
 
@@ -312,10 +258,10 @@ def test_gpu_matches_reference(layout, mnk):
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
 def test_gpu_bitwise_when_sums_are_exact(layout, decode):
     lhs, rhs, kw = _layout_operands(layout, 256, 512, 512, exact=True)
-    want = jax.jit(fp4jax.matmul)(lhs, rhs)
+    want = jax.jit(ref_matmul)(lhs, rhs)
     _poison_allocator(4 * 256 * 512)
-    cfg = dataclasses.replace(mm.default_config(256, 512, 512), decode=decode)
-    r = _compare(mm.matmul(lhs, rhs, config=cfg, **kw), want)
+    cfg = dataclasses.replace(default_config(256, 512, 512), decode=decode)
+    r = _compare(gemm.matmul(lhs, rhs, config=cfg, **kw), want)
     assert r["bitwise"], r
 
 
@@ -328,16 +274,16 @@ def test_gpu_bitwise_when_sums_are_exact(layout, decode):
         ((1, 512, 1024), jnp.bfloat16, None),
         ((64, 768, 640), jnp.float16, None),
         ((512, 512, 512), jnp.bfloat16, None),
-        ((512, 512, 1024), jnp.float32, mm.TuningConfig(auto_barriers=True)),
+        ((512, 512, 1024), jnp.float32, TuningConfig(auto_barriers=True)),
         ((512, 512, 1024), jnp.float32,
-         mm.TuningConfig(wg_dimension=mm.MatmulDimension.M, max_concurrent_steps=6)),
+         TuningConfig(wg_dimension=MatmulDimension.M, max_concurrent_steps=6)),
     ],
 )
 def test_gpu_configs_and_dtypes(mnk, dtype, cfg):
     lhs, rhs, _ = _layout_operands("fprop", *mnk, seed=1)
-    want = jax.jit(functools.partial(fp4jax.matmul, preferred_element_type=dtype))(lhs, rhs)
+    want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
     _poison_allocator(4 * mnk[0] * mnk[1])
-    got = mm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg)
+    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg)
     r = _compare(got, want)
     assert r["shape_ok"] and r["finite"], r
     if dtype == jnp.float32:
@@ -350,8 +296,8 @@ def test_gpu_configs_and_dtypes(mnk, dtype, cfg):
 @pytest.mark.gpu
 def test_gpu_batched():
     x, w = _normal((3, 256, 512), 0), _normal((3, 512, 256), 1)
-    lhs, rhs = fp4jax.quantize(x), fp4jax.quantize(w, axis=1, block_2d=True)
-    r = _compare(mm.matmul(lhs, rhs), jax.jit(fp4jax.matmul)(lhs, rhs))
+    lhs, rhs = quantize(x), quantize(w, axis=1, block_2d=True)
+    r = _compare(gemm.matmul(lhs, rhs), jax.jit(ref_matmul)(lhs, rhs))
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
 
 
@@ -361,7 +307,7 @@ def test_gpu_batched():
 def test_gpu_shapes_it_cannot_take(mnk):
     lhs, rhs, kw = _layout_operands("fprop", *mnk)
     with pytest.raises(ValueError, match="must be a multiple"):
-        mm.matmul(lhs, rhs, **kw)
+        gemm.matmul(lhs, rhs, **kw)
 
 
 if __name__ == "__main__" and "--interpret-worker" in sys.argv:

@@ -1,4 +1,13 @@
-"""Timing helpers shared by the benchmarks: median of warm, device-synchronized runs."""
+"""The one timer: median of warm, device-synchronized runs, and what a report records.
+
+Used by every kernel's ``main()`` sweep and by the scripts in ``benchmarks/``.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> t = time_fn(lambda a: a + 1, [(jnp.ones(4),)], warmup=1, iters=2, reps=2)
+  >>> t > 0
+  True
+"""
 
 from __future__ import annotations
 
@@ -6,8 +15,11 @@ import datetime
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 def time_fn(fn: Callable, args_sets: Sequence[tuple], *, warmup: int = 3, iters: int = 20,
@@ -38,5 +50,27 @@ def environment() -> dict:
         "device": getattr(d, "device_kind", str(d)),
         "platform": d.platform,
         "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def copy_seconds(x: jax.Array, **kw) -> float:
+    """`time_fn` of an XLA elementwise ``x + 1``: the HBM copy baseline (read + write ``x``)."""
+    copy = jax.jit(lambda a: a + jnp.asarray(1, a.dtype))
+    return time_fn(copy, [(x,)], **kw)
+
+
+def nbytes(tree: Any) -> int:
+    """Bytes held by the arrays of a pytree (what a kernel reads or writes)."""
+    return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def bits_equal(a: Any, b: Any) -> bool:
+    """Whether two NVFP4 arrays hold the same bits in ``data``, ``scales`` and ``amax``."""
+
+    def u(x):
+        x = np.asarray(x)
+        return x.view(np.uint8) if x.dtype.itemsize == 1 else x.view(np.uint32)
+
+    return all(np.array_equal(u(x), u(y)) for x, y in
+               ((a.data, b.data), (a.scales, b.scales), (a.amax, b.amax)))

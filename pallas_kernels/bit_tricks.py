@@ -1,0 +1,183 @@
+"""Elementwise in-kernel numerics of the quantize kernels (bit tricks on uint32 words).
+
+Every rounding here is done with integer/bit operations or exact float operations,
+and the float operations are those of the reference (`fp4jax.reference.quantization`)
+in the same order, so nothing can be elided or contracted into a different rounding:
+
+* 16-bit inputs arrive as uint32 words holding two adjacent elements (even in the low
+  half); `unpack_words` splits them into float32.
+* `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output).
+* `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick.
+* `nibble_nearest` / `nibble_stochastic`: the E2M1 code by a magic-number addition
+  whose result bits are the code.
+* `hash_u24` / `sr_key_words`: the counter-based stochastic-rounding bits of
+  `fp4jax.numerics.random_bits`.
+* `rht16_butterfly`: the 16-point fast Walsh-Hadamard butterfly of
+  `fp4jax.numerics.hadamard.rht`, over 16 separate register arrays.
+
+All functions work on jnp arrays inside a kernel and in plain JAX.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> from pallas_kernels import bit_tricks
+  >>> codes = bit_tricks.nibble_nearest(jnp.array([0.5, -6.0, 2.6]), jnp.float32(1.0))
+  >>> [int(c) for c in codes]  # 0.5 -> 1, -6 -> 8 | 7, 2.6 -> 3.0 (code 5)
+  [1, 15, 5]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fp4jax.numerics import random_bits
+from fp4jax.numerics.constants import BLOCK, E2M1_MAX, E4M3_MAX, FLT_MAX
+
+_U32 = jnp.uint32
+_F32 = jnp.float32
+
+
+def _f32(u):
+    return lax.bitcast_convert_type(u, _F32)
+
+
+def _u32(f):
+    return lax.bitcast_convert_type(f, _U32)
+
+
+def unpack_words(w: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """(even, odd) float32 elements of uint32 words holding two 16-bit values."""
+    if dtype == jnp.bfloat16:
+        return _f32(w << 16), _f32(w & _U32(0xFFFF0000))
+    lo = lax.bitcast_convert_type((w & _U32(0xFFFF)).astype(jnp.uint16), jnp.float16)
+    hi = lax.bitcast_convert_type((w >> 16).astype(jnp.uint16), jnp.float16)
+    return lo.astype(_F32), hi.astype(_F32)
+
+
+def rne_to_16bit(y: jax.Array, dtype) -> jax.Array:
+    """RNE of float32 ``y`` to bf16/f16 precision with integer ops (NaN not preserved).
+
+    Same results as `fp4jax.numerics.rounding.round_to_dtype` for every non-NaN input;
+    callers handle NaN at block level.
+    """
+    b = _u32(y)
+    if dtype == jnp.bfloat16:
+        return _f32((b + _U32(0x7FFF) + ((b >> 16) & _U32(1))) & _U32(0xFFFF0000))
+    sign = b & _U32(0x80000000)
+    mag = b & _U32(0x7FFFFFFF)
+    normal = (mag + _U32(0xFFF) + ((mag >> 13) & _U32(1))) & _U32(0xFFFFE000)
+    # Below 2**-14 the quantum is 2**-24: |y| + 0.5 rounds at exactly that spacing and
+    # its low bits count the quanta (no add-then-subtract, which XLA would fold).
+    sub = _u32((_u32(_f32(mag) + 0.5) - _U32(0x3F000000)).astype(_F32) * np.float32(2.0**-24))
+    r = jnp.where(mag < _U32(0x38800000), sub, normal)
+    r = jnp.where(_f32(r) > 65504.0, _U32(0x7F800000), r)  # float16's largest finite
+    return _f32(r | sign)
+
+
+def round_block_max(m: jax.Array, dtype) -> jax.Array:
+    """Rounds a non-negative max to ``dtype``, keeping NaN."""
+    return jnp.where(m != m, m, rne_to_16bit(m, dtype))  # noqa: PLR0124 - a NaN test
+
+
+def finite_or_zero(x: jax.Array) -> jax.Array:
+    """``x`` with NaN/±inf replaced by 0 (the reference ignores non-finite values)."""
+    return jnp.where(jnp.abs(x) < np.float32(np.inf), x, 0.0)
+
+
+OVERFLOW = {jnp.dtype(jnp.bfloat16): np.float32(np.uint32(0x7F7F8000).view(np.float32)),
+            jnp.dtype(jnp.float16): np.float32(65520.0)}
+"""Smallest float32 magnitude that rounds to inf in each 16-bit dtype."""
+
+
+def e4m3_block_scale(bamax: jax.Array, gds, mult):
+    """Block scales from block amaxes (docs/RECIPE.md §2.4-2.5).
+
+    Args:
+      bamax: float32 block amaxes.
+      gds: the global decode scale ``fl(1 / ges)``.
+      mult: ``fl(ges · fl(1/6))``.
+
+    Returns:
+      (enc, code, ok): float32 per-block encode scale, uint32 E4M3 bit pattern of the
+      decode scale, and a bool that is False for NaN blocks (whose codes must be 0).
+    """
+    d = jnp.minimum(bamax * mult, E4M3_MAX)
+    dbits = _u32(d)
+    s_norm = (dbits + _U32(0x7FFFF) + ((dbits >> 20) & _U32(1))) & _U32(0xFFF00000)
+    # Below 2**-6 (E4M3 subnormals) the quantum is 2**-9: d + 2**14 rounds at exactly
+    # that spacing and its low bits count the quanta (= the E4M3 code).
+    code_sub = _u32(d + 16384.0) - _U32(0x46800000)
+    small = d < np.float32(2.0**-6)
+    s = jnp.where(small, code_sub.astype(_F32) * np.float32(2.0**-9), _f32(s_norm))
+    code_norm = (((s_norm >> 23) - _U32(120)) << 3) | ((s_norm >> 20) & _U32(7))
+    ok = d == d  # noqa: PLR0124 - False for NaN
+    code = jnp.where(ok, jnp.where(small, code_sub, code_norm), _U32(0x7F))
+    enc = jnp.minimum(1.0 / (s * gds), FLT_MAX)
+    return enc, code, ok
+
+
+def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
+    """E2M1 code (uint32, 0..15) of ``x * enc`` by round-to-nearest-even.
+
+    ``a = min(|v|, 6)``; adding ``C = 2**22, 2**23 + 2, 2**24 + 8`` for ``a`` in
+    ``[0, 2), [2, 4), [4, 6]`` rounds ``a`` to the E2M1 grid (the float addition is RNE
+    at exactly the grid spacing) and leaves the code in the low 3 bits of the sum.
+    """
+    v = x * enc
+    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
+    e = jnp.maximum(_u32(a) >> 23, _U32(127))
+    c = e * _U32(0x800002) + _U32((0x4A800000 - 127 * 0x800002) & 0xFFFFFFFF)
+    mag = _u32(a + _f32(c)) & _U32(7)
+    return mag | jnp.where(v < 0, _U32(8), _U32(0))
+
+
+def nibble_stochastic(x: jax.Array, enc: jax.Array, u24: jax.Array) -> jax.Array:
+    """E2M1 code of ``x * enc`` by the reference's stochastic rounding.
+
+    With spacing ``h`` (0.5, 1, 2) at ``a``, rounds up iff ``u24 < frac * 2**24`` where
+    ``frac = (a - floor(a / h) * h) / h``; all steps are exact.
+    """
+    v = x * enc
+    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
+    e = jnp.maximum(_u32(a) >> 23, _U32(127))  # 127 + k, k = 0, 1, 2
+    t = a * _f32((_U32(255) - e) << 23)  # a / h * 0.5... = a * 2**(1-k), exact, in [0, 4)
+    n = _u32(t + 8388608.0) - _U32(0x4B000000)  # RNE(t) as an integer (t < 4)
+    lo = n - jnp.where(n.astype(_F32) > t, _U32(1), _U32(0))  # floor(t)
+    frac = t - lo.astype(_F32)
+    up = u24.astype(_F32) < frac * 16777216.0
+    mag = lo + ((e - _U32(127)) << 1) + jnp.where(up, _U32(1), _U32(0))
+    return mag | jnp.where(v < 0, _U32(8), _U32(0))
+
+
+def hash_u24(k0, k1, k2, index):
+    """`fp4jax.numerics.random_bits.hash_bits` >> 8, with ``k2 = k0 * 0x9E3779B9``."""
+    h = random_bits.mix32(index ^ k0)
+    h = random_bits.mix32(h + k1)
+    return random_bits.mix32(h ^ k2) >> 8
+
+
+def sr_key_words(key) -> jax.Array:
+    """``(k0, k1, k0 * 0x9E3779B9)`` of a key as uint32[3] (zeros for None): `hash_u24`'s keys."""
+    if key is None:
+        return jnp.zeros((3,), _U32)
+    k0, k1 = random_bits.key_words(key)
+    return jnp.stack([k0, k1, k0 * _U32(0x9E3779B9)])
+
+
+def rht16_butterfly(vals: Sequence[jax.Array], signs: Sequence[int]) -> list[jax.Array]:
+    """The 16-point butterfly of `fp4jax.numerics.hadamard.rht` (without the final * 0.25)."""
+    y = [v if s > 0 else -v for v, s in zip(vals, signs)]
+    h = 1
+    while h < BLOCK:
+        nxt = list(y)
+        for start in range(0, BLOCK, 2 * h):
+            for i in range(start, start + h):
+                a, b = y[i], y[i + h]
+                nxt[i], nxt[i + h] = a + b, a - b
+        y = nxt
+        h *= 2
+    return y

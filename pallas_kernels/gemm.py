@@ -1,0 +1,348 @@
+"""NVFP4 × NVFP4 GEMM for NVIDIA Hopper (sm_90) in Pallas Mosaic GPU.
+
+Hopper has no FP4 tensor cores, so the kernel emulates the NVFP4 GEMM exactly
+(docs/RECIPE.md §9): every 16-element block of packed E2M1 codes is decoded *inside
+the kernel* to ``code · s`` in BF16 (exact: E2M1 × E4M3 has at most 6 significant
+bits), the BF16 tiles go through ``wgmma`` with FP32 accumulation, and the epilogue
+applies ``fl(gds_lhs · gds_rhs)`` and the output cast. No dequantized copy of either
+operand is ever written to HBM: the kernel streams the packed 4-bit codes with TMA,
+plus one BF16 scale factor per 16-block (``s · 2¹¹⁸``, prepared by XLA in the same
+pass that puts the E4M3 scales in the kernel's layout: 5 bits per element in all).
+
+* Decoding (`pallas_kernels.gemm_decode`) is a few integer ops per element on 32-bit
+  registers: two codes become one ``bf16x2`` word whose bits are
+  ``(c & 7) << 6 | (c & 8) << 12`` per half, the BF16 pattern of ``e2m1(c) · 2⁻¹²⁶``
+  (code 1 lands on the subnormal 2⁻¹²⁷). One ``bf16x2`` multiply by the block's
+  factor ``s · 2¹¹⁸`` makes each element ``e2m1 · s · 2⁻⁸`` exactly (a native BF16
+  multiply keeps subnormal inputs; ``TuningConfig.decode="normal"`` avoids subnormals
+  at two more ops per pair); the epilogue multiplies by ``2¹⁶`` (exact) and then by
+  ``fl(gds_lhs · gds_rhs)``, so the result equals the reference GEMM up to the order
+  of the float32 sums.
+* The kernel body (`pallas_kernels.gemm_kernel`) reads both operands in their
+  *stored* layout; its tuning is `pallas_kernels.gemm_config`.
+* Small M (decode-like shapes) pads M up to one tile (cheap: at most one tile of
+  the 4.5-bit lhs) and may split K across CTAs (``k_splits``); the float32 partial
+  sums are then added and scaled outside the kernel.
+
+Layouts the three GEMMs of a linear layer need:
+
+========  ====================  ==============================  ===================
+GEMM      lhs (stored as)       rhs (stored as)                 call
+========  ====================  ==============================  ===================
+fprop     X (M, K/2)            W 2D-tiled (K/2, N)             ``matmul(qx, qw)``
+dgrad     dY (M, N/2)           W 2D-tiled (K/2, N), as ``W.T`` ``matmul(qg, qw.mT)``
+wgrad     x_res (T/2, K)        dY (T/2, N)                     ``matmul(qx.mT, qg,
+          as ``x_res.T``                                        lhs_from_mT=True)``
+========  ====================  ==============================  ===================
+
+``NVFP4Array.mT`` only transposes the arrays; the wrapper transposes them back to the
+stored layout (XLA cancels the two transposes), so nothing is copied. Measured speeds:
+docs/BENCHMARKS.md (``python -m pallas_kernels.gemm``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4jax.numerics import checks, layout, scales
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.nvfp4_array import NVFP4Array
+from pallas_kernels import gemm_decode as dec
+from pallas_kernels import gemm_kernel, timing
+from pallas_kernels.gemm_config import (
+    LARGE_CONFIG,
+    MAX_PADDED_M,
+    SKINNY_CONFIG,
+    MatmulDimension,
+    TuningConfig,
+    default_config,
+)
+
+
+def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
+    """Repeats 2D-tile scales 16× along ``axis`` and trims to ``length``."""
+    s = jnp.repeat(scales, BLOCK, axis=axis)
+    return lax.slice_in_dim(s, 0, length, axis=axis)
+
+
+def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,
+                 config: TuningConfig | None) -> str | None:
+    """`supports` under ``config`` (None: `default_config`), for valid operands."""
+    nd = lhs.ndim
+    shapes = f"lhs {lhs.shape} @ rhs {rhs.shape}"
+    if lhs.axis != nd - 1:
+        return (f"{shapes}: lhs is blocked along M (axis {lhs.axis}); the Pallas kernel needs "
+                "the lhs blocked along K — use fp4jax.matmul")
+    m, k = lhs.shape[-2:]
+    n = rhs.shape[-1]
+    if min(m, n, k) == 0:
+        return f"{shapes}: empty dimensions are not supported"
+    k_pad = lhs.padded_length
+    cfg = config if config is not None else default_config(m, n, k_pad)
+    if k_pad % (cfg.tile_k * cfg.k_splits):
+        return (f"{shapes}: K={k} must be a multiple of tile_k·k_splits = "
+                f"{cfg.tile_k}·{cfg.k_splits} = {cfg.tile_k * cfg.k_splits}")
+    if n % cfg.cta_tile_n:
+        return f"{shapes}: N={n} must be a multiple of the CTA tile width {cfg.cta_tile_n}"
+    if m % cfg.cta_tile_m and not (m <= MAX_PADDED_M and not lhs_from_mT):
+        return (f"{shapes}: M={m} must be a multiple of the CTA tile height {cfg.cta_tile_m} "
+                f"(or at most {MAX_PADDED_M}, with lhs_from_mT=False, to be zero-padded)")
+    if rhs.axis == nd - 1 and k % BLOCK:  # 2D-tiled rhs, codes packed along N
+        return f"{shapes}: K={k} must be a multiple of 16"
+    return None
+
+
+def supports(lhs: NVFP4Array, rhs: NVFP4Array, *,
+             lhs_from_mT: bool = False) -> str | None:
+    """Whether `matmul` (default tuning) takes these operands: None, or why not.
+
+    Operands that are no valid NVFP4 GEMM for any implementation raise (see
+    `fp4jax.numerics.checks.check_gemm_operands`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from fp4jax.reference.quantization import quantize
+      >>> from pallas_kernels import gemm
+      >>> x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+      >>> qx, qm, qw = jax.eval_shape(lambda a: (
+      ...     quantize(a), quantize(a, axis=0, block_2d=True), quantize(a.T, axis=0)), x)
+      >>> gemm.supports(qx, qw) is None
+      True
+      >>> "lhs is blocked along M" in gemm.supports(qm, qw)
+      True
+    """
+    checks.check_gemm_operands(lhs, rhs)
+    return _unsupported(lhs, rhs, lhs_from_mT, None)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("preferred_element_type", "config", "interpret", "lhs_from_mT"),
+)
+def matmul(
+    lhs: NVFP4Array,
+    rhs: NVFP4Array,
+    *,
+    preferred_element_type: Any = jnp.float32,
+    lhs_from_mT: bool = False,  # mirrors NVFP4Array.mT
+    config: TuningConfig | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """NVFP4 GEMM on Hopper: ``lhs (..., M, K) @ rhs (..., K, N)`` with in-kernel decode.
+
+    Same contract and result as the reference GEMM (`reference`, up to the order of
+    float32 sums): the operands are decoded to ``code · s`` (exact in BF16), multiplied
+    with FP32 accumulation, and the accumulator is scaled by ``fl(gds_lhs · gds_rhs)``
+    and cast.
+
+    Supported operand layouts (`supports`; others raise its reason as a `ValueError`):
+
+    * ``lhs`` blocked along K (1D, or 2D tiles). Its codes are read as stored in
+      ``lhs.data`` — ``(M, K/2)`` — unless ``lhs_from_mT`` says ``lhs`` is ``q.mT`` of
+      a tensor ``q`` stored ``(K/2, M)`` (the wgrad operand ``x_res.mT``); then the
+      kernel reads ``q``'s layout directly. Either flag value gives the same result;
+      the wrong one only costs XLA a 4-bit transpose.
+    * ``rhs`` blocked along K (``(K/2, N)``, fprop/wgrad), or 2D-tiled and blocked
+      along N, i.e. ``W.mT`` of a 2D-tiled weight stored ``(K/2, N)`` (dgrad).
+    * M, N multiples of the CTA tile, K a multiple of ``tile_k · k_splits``; an M of
+      at most 64 is zero-padded to one tile (decode-like shapes).
+
+    Args:
+      lhs: ``(..., M, K)`` `NVFP4Array`.
+      rhs: ``(..., K, N)`` `NVFP4Array` with the same batch dims.
+      preferred_element_type: output dtype (float32, bfloat16 or float16).
+      lhs_from_mT: ``lhs`` is ``q.mT`` of a tensor stored with the codes packed along
+        its rows (see above).
+      config: a `TuningConfig`; default `default_config(M, N, K)`.
+      interpret: run in Mosaic GPU interpret mode (CPU; for tests).
+
+    Returns:
+      ``(..., M, N)`` array of ``preferred_element_type``.
+
+    Mathematically equivalent to::
+
+      dequantize(lhs) @ dequantize(rhs)   # up to float32 rounding
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from fp4jax.reference.quantization import quantize
+      >>> from pallas_kernels import gemm
+      >>> x = jax.random.normal(jax.random.key(0), (256, 512))
+      >>> w = jax.random.normal(jax.random.key(1), (512, 256))
+      >>> qx, qw = quantize(x), quantize(w, axis=0, block_2d=True)
+      >>> jax.eval_shape(gemm.matmul, qx, qw).shape  # traces the kernel, runs nothing
+      (256, 256)
+      >>> qg = quantize(jax.random.normal(jax.random.key(2), (256, 256)))
+      >>> jax.eval_shape(gemm.matmul, qg, qw.mT).shape  # the dgrad layout: dY @ W.T
+      (256, 512)
+      >>> y = gemm.matmul(qx, qw)  # doctest: +SKIP
+    """
+    checks.check_gemm_operands(lhs, rhs)
+    out_dtype = jnp.dtype(preferred_element_type)
+    if out_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(
+            f"preferred_element_type must be float32, bfloat16 or float16, got {out_dtype}"
+        )
+    reason = _unsupported(lhs, rhs, lhs_from_mT, config)
+    if reason is not None:
+        raise ValueError(reason)
+    nd = lhs.ndim
+    batch_shape = lhs.shape[:-2]
+    b = math.prod(batch_shape)
+    m, k = lhs.shape[-2:]
+    n = rhs.shape[-1]
+    rhs_cols = rhs.axis == nd - 1  # 2D-tiled, codes packed along N (W.mT in dgrad)
+    k_pad = lhs.padded_length
+    cfg = config if config is not None else default_config(m, n, k_pad)
+    m_pad = m if m % cfg.cta_tile_m == 0 else cfg.cta_tile_m  # M <= MAX_PADDED_M here
+
+    # lhs: codes (B, M, K/2) or (B, K/2, M); scales (B, K/16, M).
+    lhs_s = lhs.scales
+    if lhs.block_2d:
+        lhs_s = _expand_tiles(lhs_s, nd - 2, m)
+    lhs_s = jnp.swapaxes(lhs_s.reshape(b, m, k_pad // BLOCK), 1, 2)
+    lhs_d = lhs.data.reshape(b, m, k_pad // 2)
+    if lhs_from_mT:
+        lhs_d = jnp.swapaxes(lhs_d, 1, 2)
+    elif m_pad != m:
+        lhs_d = layout.pad_axis(lhs_d, 1, m_pad)
+        lhs_s = layout.pad_axis(lhs_s, 2, m_pad)
+
+    # rhs: codes (B, K/2, N) with scales (B, K/16, N), or (B, N/2, K) with (B, N/16, K).
+    if rhs_cols:
+        rhs_d = jnp.swapaxes(rhs.data.reshape(b, k, n // 2), 1, 2)
+        rhs_s = jnp.swapaxes(rhs.scales.reshape(b, -1, n // BLOCK), 1, 2)
+        rhs_s = _expand_tiles(rhs_s, 2, k)
+    else:
+        rhs_d = rhs.data.reshape(b, k_pad // 2, n)
+        rhs_s = rhs.scales
+        if rhs.block_2d:
+            rhs_s = _expand_tiles(rhs_s, nd - 1, n)
+        rhs_s = rhs_s.reshape(b, k_pad // BLOCK, n)
+
+    # Interpret mode decodes to exact e2m1 values (the CPU flushes subnormals).
+    subnormal = cfg.decode == "subnormal" and not interpret
+    lhs_s = dec.scale_factors(lhs_s, subnormal=subnormal)
+    rhs_s = dec.scale_factors(rhs_s, subnormal=subnormal)
+    out_scale = scales.output_scale(lhs.amax, rhs.amax).astype(jnp.float32).reshape(1)
+    p = gemm_kernel.Problem(b, m_pad, n, k_pad, lhs_from_mT, rhs_cols, out_dtype)
+    out = gemm_kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
+    if cfg.k_splits > 1:
+        out = (jnp.sum(out, axis=0) * out_scale[0]).astype(out_dtype)
+    if m_pad != m:
+        out = out[:, :m]
+    return out.reshape(*batch_shape, m, n)
+
+
+def reference(
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
+) -> jax.Array:
+    """The pure-XLA NVFP4 GEMM the kernel must match (`fp4jax.reference.gemm.matmul`)."""
+    from fp4jax.reference import gemm as reference_gemm  # the spec, imported lazily
+
+    return reference_gemm.matmul(lhs, rhs, preferred_element_type=preferred_element_type)
+
+
+def _random_bf16(shape, seed):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16)
+
+
+def _layout_args(quantize, layout_name: str, m: int, n: int, k: int, seed: int):
+    """Operands of an (m, k) @ (k, n) GEMM in a training layout, quantized by ``quantize``."""
+    if layout_name == "fprop":
+        return (quantize(_random_bf16((m, k), seed)),
+                quantize(_random_bf16((k, n), seed + 1), axis=0, block_2d=True)), {}
+    if layout_name == "dgrad":
+        return (quantize(_random_bf16((m, k), seed)),
+                quantize(_random_bf16((n, k), seed + 1), axis=0, block_2d=True).mT), {}
+    if layout_name == "wgrad":
+        return (quantize(_random_bf16((k, m), seed), axis=0).mT,
+                quantize(_random_bf16((k, n), seed + 1), axis=0)), {"lhs_from_mT": True}
+    raise ValueError(layout_name)
+
+
+def _tflops(m, n, k, seconds):
+    return 2 * m * n * k / seconds / 1e12
+
+
+def _seconds(f, args_list, *, iters: int = 15) -> float:
+    """Median seconds per call; cycling distinct inputs defeats the 60 MB L2."""
+    return timing.time_fn(f, args_list, warmup=len(args_list), iters=iters, reps=10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Benchmarks the kernel vs XLA dequantize+dot vs BF16 ``jnp.dot`` (TFLOP/s).
+
+    ``--layouts`` adds the dgrad and wgrad layouts at 8192³; ``--sweep`` times a few
+    tuning configs at 8192³ and for the skinny shape.
+    """
+    import sys
+
+    from fp4jax.reference.quantization import quantize  # the operands' spec, lazily
+
+    argv = sys.argv[1:] if argv is None else argv
+    dev = jax.devices()[0]
+    print(f"{dev.device_kind}, jax {jax.__version__}", flush=True)
+    xla_ref = jax.jit(reference)
+    bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
+    print(f"{'layout':>6} {'M,N,K':>16} {'pallas':>8} {'xla-deq':>8} {'bf16':>8} "
+          f"{'vs bf16':>8} {'vs xla':>7} {'rel.err':>8}  (TFLOP/s)", flush=True)
+    rows = [("fprop", 4096, 4096, 4096), ("fprop", 8192, 8192, 8192), ("fprop", 16, 8192, 8192)]
+    if "--layouts" in argv:
+        rows += [("dgrad", 8192, 8192, 8192), ("wgrad", 8192, 8192, 8192)]
+    for layout_name, m, n, k in rows:
+        copies = 1 if m * k >= 4096 * 4096 else 4  # rotate inputs that fit in L2
+        qargs = [_layout_args(quantize, layout_name, m, n, k, seed=10 * i) for i in range(copies)]
+        kw = qargs[0][1]
+        ops = [a for a, _ in qargs]
+        ours = _seconds(functools.partial(matmul, **kw), ops)
+        xla = _seconds(xla_ref, ops)
+        dense = [(_random_bf16((m, k), 10 * i), _random_bf16((k, n), 10 * i + 1))
+                 for i in range(copies)]
+        bf16 = _seconds(bf16_dot, dense)
+        got, want = matmul(*ops[0], **kw), xla_ref(*ops[0])
+        err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+        print(f"{layout_name:>6} {f'{m},{n},{k}':>16} {_tflops(m, n, k, ours):8.1f} "
+              f"{_tflops(m, n, k, xla):8.1f} {_tflops(m, n, k, bf16):8.1f} "
+              f"{bf16 / ours:8.2f} {xla / ours:7.2f} {err:8.1e}", flush=True)
+    if "--sweep" in argv:
+        _sweep(quantize)
+
+
+def _sweep(quantize) -> None:
+    """Times a few tuning configs (for choosing the defaults)."""
+    big = [
+        LARGE_CONFIG,
+        dataclasses.replace(LARGE_CONFIG, max_concurrent_steps=6),
+        dataclasses.replace(LARGE_CONFIG, wg_dimension=MatmulDimension.M),
+        dataclasses.replace(LARGE_CONFIG, grid_tile_width=16),
+        dataclasses.replace(LARGE_CONFIG, auto_barriers=True),
+        dataclasses.replace(LARGE_CONFIG, tile_k=128, epi_tile_n=32, max_concurrent_steps=3),
+    ]
+    skinny = [
+        SKINNY_CONFIG,
+        dataclasses.replace(SKINNY_CONFIG, k_splits=1),
+        dataclasses.replace(SKINNY_CONFIG, k_splits=4),
+        dataclasses.replace(SKINNY_CONFIG, tile_k=64, max_concurrent_steps=8),
+    ]
+    for (m, n, k), cfgs in (((8192, 8192, 8192), big), ((16, 8192, 8192), skinny)):
+        copies = 1 if m > 64 else 4
+        ops = [_layout_args(quantize, "fprop", m, n, k, seed=10 * i)[0] for i in range(copies)]
+        for cfg in cfgs:
+            try:
+                t = _seconds(functools.partial(matmul, config=cfg), ops, iters=7)
+                print(f"sweep {m},{n},{k}: {_tflops(m, n, k, t):7.1f} TFLOP/s  {cfg}", flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on (e.g. SMEM overflow)
+                print(f"sweep {m},{n},{k}: failed {type(e).__name__}: {str(e)[:200]}  {cfg}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Tuning of the Hopper NVFP4 GEMM (`pallas_kernels.gemm`): tile sizes and scheduling.
+
+`TuningConfig` holds every static knob of the kernel; `default_config` picks, for a
+problem size, the largest CTA tile that divides it (`LARGE_CONFIG` for big GEMMs,
+`SKINNY_CONFIG` for decode-like ``M <= 64``, where M is zero-padded to one tile).
+
+Example:
+  >>> from pallas_kernels import gemm_config
+  >>> gemm_config.default_config(8192, 8192, 8192) == gemm_config.LARGE_CONFIG
+  True
+  >>> cfg = gemm_config.default_config(16, 8192, 8192)
+  >>> cfg.cta_tile_m, cfg.cta_tile_n, cfg.k_splits
+  (64, 128, 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class MatmulDimension(enum.IntEnum):
+    """An output dimension: M (rows) or N (columns)."""
+
+    M = 0
+    N = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuningConfig:
+    """Tile sizes and scheduling of the NVFP4 GEMM kernel.
+
+    Attributes:
+      tile_m: output rows per consumer warpgroup (multiple of 64).
+      tile_n: output columns per consumer warpgroup (multiple of 64).
+      tile_k: contraction elements per pipeline step (multiple of 64).
+      max_concurrent_steps: TMA pipeline depth (stages of packed tiles in SMEM).
+      wg_dimension: how the two consumer warpgroups split the CTA tile; the CTA tile
+        is ``(2·tile_m, tile_n)`` for M and ``(tile_m, 2·tile_n)`` for N.
+      grid_minor_dim: the faster-moving output dimension of the persistent tile loop.
+      grid_tile_width: width of the snake-ordered bands of output tiles (L2 reuse).
+      epi_tile_m: rows of one epilogue store.
+      epi_tile_n: columns of one epilogue store.
+      k_splits: split the contraction across this many CTAs (for small M·N); the
+        float32 partial sums are added outside the kernel.
+      num_sms: CTAs of the persistent grid; ``None`` means one per SM of the device
+        (132 on an H200).
+      auto_barriers: let Pallas put a warpgroup barrier around every SMEM store
+        (safe, slower); the default places the few barriers the kernel needs itself.
+      decode: ``"subnormal"`` (default) builds ``e2m1 · 2**-126`` with two integer ops
+        per element and relies on the BF16 multiply keeping subnormal inputs (PTX
+        ``mul.bf16x2`` does); ``"normal"`` never forms a subnormal: it builds the
+        normal BF16 numbers ``{.5, .75, 1, 1.5, 2, 3, 4, 6}`` and takes
+        ``min(r, 2r - 1)`` (two more BF16x2 ops per two elements).
+    """
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    max_concurrent_steps: int = 4
+    wg_dimension: MatmulDimension = MatmulDimension.N
+    grid_minor_dim: MatmulDimension = MatmulDimension.N
+    grid_tile_width: int = 8
+    epi_tile_m: int = 64
+    epi_tile_n: int = 64
+    k_splits: int = 1
+    num_sms: int | None = None
+    auto_barriers: bool = False
+    decode: str = "subnormal"
+
+    def __post_init__(self):
+        if self.decode not in ("subnormal", "normal"):
+            raise ValueError(f"decode must be 'subnormal' or 'normal', got {self.decode!r}")
+        for name in ("tile_m", "tile_n", "tile_k"):
+            v = getattr(self, name)
+            if v <= 0 or v % 64:
+                raise ValueError(f"{name}={v} must be a positive multiple of 64")
+        if self.max_concurrent_steps < 2:
+            raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
+        if self.tile_m % self.epi_tile_m or self.epi_tile_m % 64:
+            raise ValueError(
+                f"epi_tile_m={self.epi_tile_m} must be a multiple of 64 dividing "
+                f"tile_m={self.tile_m}"
+            )
+        if self.tile_n % self.epi_tile_n or self.epi_tile_n % 16:
+            raise ValueError(
+                f"epi_tile_n={self.epi_tile_n} must be a multiple of 16 dividing "
+                f"tile_n={self.tile_n}"
+            )
+        if self.k_splits < 1 or self.grid_tile_width < 1:
+            raise ValueError("k_splits and grid_tile_width must be >= 1")
+        if self.num_sms is not None and self.num_sms < 1:
+            raise ValueError(f"num_sms={self.num_sms} must be >= 1")
+
+    @property
+    def cta_tile_m(self) -> int:
+        """Output rows of one CTA tile."""
+        return self.tile_m * (2 if self.wg_dimension == MatmulDimension.M else 1)
+
+    @property
+    def cta_tile_n(self) -> int:
+        """Output columns of one CTA tile."""
+        return self.tile_n * (2 if self.wg_dimension == MatmulDimension.N else 1)
+
+
+LARGE_CONFIG = TuningConfig()
+"""Default for large GEMMs: CTA tile 128×256×64 (warpgroups split N), 4 stages."""
+
+SKINNY_CONFIG = TuningConfig(
+    tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=6, k_splits=2,
+)
+"""Default for M ≤ 64 (decode-like): streams the 4.5-bit rhs once, K split in two."""
+
+_FALLBACK_CONFIGS = (
+    dataclasses.replace(LARGE_CONFIG, wg_dimension=MatmulDimension.M),  # 256×128
+    dataclasses.replace(LARGE_CONFIG, tile_n=64),  # 128×128
+    dataclasses.replace(LARGE_CONFIG, tile_m=64, wg_dimension=MatmulDimension.M),
+    dataclasses.replace(LARGE_CONFIG, tile_m=64, tile_n=64),  # 64×128
+    dataclasses.replace(
+        LARGE_CONFIG, tile_m=64, tile_n=64, wg_dimension=MatmulDimension.M
+    ),  # 128×64
+)
+
+
+MAX_PADDED_M = 64
+"""An M up to this size that does not fill a CTA tile is zero-padded (skinny GEMMs)."""
+
+
+def _fits(cfg: TuningConfig, m: int, n: int, k: int) -> bool:
+    m_ok = m % cfg.cta_tile_m == 0 or m <= MAX_PADDED_M
+    return m_ok and n % cfg.cta_tile_n == 0 and k % (cfg.tile_k * cfg.k_splits) == 0
+
+
+def default_config(m: int, n: int, k: int) -> TuningConfig:
+    """The default `TuningConfig` for an ``(m, k) @ (k, n)`` GEMM.
+
+    The largest CTA tile that divides the problem (an M below one tile is padded).
+    """
+    if m <= 64:
+        for cfg in (SKINNY_CONFIG, dataclasses.replace(SKINNY_CONFIG, k_splits=1),
+                    dataclasses.replace(SKINNY_CONFIG, tile_k=64, k_splits=1)):
+            if _fits(cfg, m, n, k):
+                return cfg
+    for cfg in (LARGE_CONFIG, *_FALLBACK_CONFIGS):
+        if _fits(cfg, m, n, k):
+            return cfg
+    return LARGE_CONFIG  # matmul raises a ValueError naming the shapes
+

@@ -1,0 +1,362 @@
+"""Fused NVFP4 quantize of one tensor for Hopper (H200, sm_90) in Pallas Mosaic GPU.
+
+One read of a BF16/FP16 tensor ``x`` gives packed E2M1 codes and E4M3 block scales
+with exactly the reference's numerics and output layout
+(`fp4jax.reference.quantization.quantize`): round-to-nearest-even or stochastic
+rounding (the reference's counter-based bits), optional 16×16 random Hadamard transform
+along the quantized axis, 1D (1×16) or 2D (16×16) blocks. The global amax is either
+passed in or computed by a separate reduction kernel (`pallas_kernels.amax`: one extra
+read of ``x``; the quantize kernel needs the global scale before its first block).
+
+The kernel body is `pallas_kernels.quantize_engines` (rowwise engine for blocks along
+the last axis, columnwise engine for blocks along the second-to-last), its numerics
+`pallas_kernels.bit_tricks`, its TMA pipeline `pallas_kernels.tma_pipeline`. Division
+is IEEE (Mosaic compiles with ``fast=false``), approximate math is off.
+
+Shape support (`supports`; the wrapper raises its reason as a `ValueError`): 2D
+``(M, K)`` or batched ``(..., M, K)`` inputs, bfloat16 or float16; quantized axis the
+last or second-to-last; ``K % 128 == 0``; ``M % 16 == 0`` (rowwise, 1D or 2D blocks) or
+``M % 64 == 0`` (columnwise); the RHT along the last axis needs a 2D input with
+``M % 128 == 0`` and ``K % 64 == 0``. float32 inputs are not taken (the packed
+two-elements-per-word trick needs 16-bit elements). A Hadamard transform along the last
+(contiguous) axis is computed by the columnwise engine on ``x.T`` (an XLA transpose,
+then the SR counters are remapped), because the butterfly needs each element of a
+contiguous 16-run in its own register array.
+
+Measured speeds: docs/BENCHMARKS.md (``python -m pallas_kernels.quantize_single``).
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from pallas_kernels import quantize_single
+  >>> x = jax.random.normal(jax.random.key(0), (64, 128), jnp.bfloat16)
+  >>> q = quantize_single.quantize(x, interpret=True)  # interpret=True runs on CPU
+  >>> r = quantize_single.reference(x)
+  >>> bool((q.data == r.data).all() and (q.scales == r.scales).all())
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4jax.numerics import checks, layout
+from fp4jax.numerics import hadamard as hadamard_lib
+from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.rounding import Rounding
+from pallas_kernels import amax as amax_pass
+from pallas_kernels import bit_tricks as bits
+from pallas_kernels import quantize_engines as engines
+from pallas_kernels import timing
+from pallas_kernels import tma_pipeline as tp
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizeConfig:
+    """Tuning knobs of the quantize kernels (all static).
+
+    Attributes:
+      block_rows: rows of ``x`` per tile (rounded down to what divides M; a multiple
+        of 16 for rowwise-only kernels, of 64 when a columnwise output is produced).
+      block_cols: columns of ``x`` per tile (a multiple of 128 dividing K).
+      stages: TMA loads in flight per CTA (SMEM holds ``stages`` input tiles).
+      ctas_per_sm: CTAs launched per SM (persistent grid of ``ctas_per_sm * SMs``).
+      num_ctas: explicit grid size (overrides ``ctas_per_sm``); None derives it.
+      amax_block_rows / amax_block_cols / amax_stages: tiling of the amax pass.
+    """
+
+    block_rows: int = 16
+    block_cols: int = 512
+    stages: int = 4
+    ctas_per_sm: int = 4
+    num_ctas: int | None = None
+    amax_block_rows: int = 64
+    amax_block_cols: int = 256
+    amax_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_rows", "block_cols", "stages", "ctas_per_sm",
+                     "amax_block_rows", "amax_block_cols", "amax_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"QuantizeConfig.{name} must be a positive int, got {v!r}")
+        if self.block_rows % 16 or self.block_cols % 128:
+            raise ValueError(
+                f"QuantizeConfig block ({self.block_rows}, {self.block_cols}) must be a "
+                "multiple of (16, 128)"
+            )
+        if self.amax_block_rows % 64 or self.amax_block_cols % 128:
+            raise ValueError(
+                f"QuantizeConfig amax block ({self.amax_block_rows}, {self.amax_block_cols}) "
+                "must be a multiple of (64, 128)"
+            )
+        if self.num_ctas is not None and (not isinstance(self.num_ctas, int) or self.num_ctas < 1):
+            raise ValueError(f"QuantizeConfig.num_ctas must be None or >= 1, got {self.num_ctas!r}")
+
+    @property
+    def label(self) -> str:
+        """Short name for benchmark tables, e.g. ``[16x512 s4 c4]``."""
+        return f"[{self.block_rows}x{self.block_cols} s{self.stages} c{self.ctas_per_sm}]"
+
+
+DEFAULT_CONFIG = QuantizeConfig()
+"""Fastest measured on the H200 for the rowwise engine: 16x512 tiles, 4 stages, 4 CTAs/SM."""
+
+TWO_OUTPUT_CONFIG = QuantizeConfig(block_rows=64, block_cols=128, stages=3, ctas_per_sm=2)
+"""Fastest measured for the columnwise engine (alone or with the rowwise one): 64x128
+tiles, 3 stages, 2 CTAs/SM."""
+
+
+def supports(shape: Sequence[int], dtype: Any, *, axis: int, block_2d: bool,
+             hadamard: bool) -> str | None:
+    """Whether `quantize` takes this input: None, or why not (one line).
+
+    An out-of-range ``axis`` is a bad argument for every implementation and raises.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> supports((64, 128), jnp.bfloat16, axis=-1, block_2d=False, hadamard=False) is None
+      True
+      >>> supports((64, 128), jnp.float32, axis=-1, block_2d=False, hadamard=False)[:45]
+      'quantize: the Pallas quantize kernel takes bf'
+    """
+    del block_2d  # 1D and 2D blocks take the same shapes
+    shape = tuple(shape)
+    nd = len(shape)
+    if nd < 2:
+        return f"the Pallas quantize kernel needs a rank >= 2 array, got shape {shape}"
+    ax = layout.normalize_axis(axis, nd)
+    if ax not in (nd - 1, nd - 2):
+        return (f"the Pallas quantize kernel quantizes along one of the last two axes; got "
+                f"axis={axis} for shape {shape}")
+    if ax == nd - 1 and hadamard:
+        reason = engines.dtype_reason(shape, dtype, "quantize")
+        if reason is not None:
+            return reason
+        if nd != 2 or shape[0] % 128 or shape[1] % 64:
+            return ("quantize(hadamard=True) along the last axis needs a 2D input (M, K) with "
+                    f"M % 128 == 0 and K % 64 == 0 (it runs on x.T); got shape {shape}")
+        return None
+    return engines.input_reason(shape, dtype, "quantize", 16 if ax == nd - 1 else 64)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("axis", "block_2d", "rounding", "hadamard", "hadamard_signs", "config",
+                     "interpret"),
+)
+def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_signs, config,
+                  interpret):
+    lead = x.shape[:-2]
+    m, k = x.shape[-2:]
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    stochastic = rounding == "stochastic"
+    signs = hadamard_signs
+    transposed = axis == x.ndim - 1 and hadamard
+    if transposed:
+        # Hadamard along the contiguous axis: columnwise engine on x^T, counters remapped.
+        xk = x2.T
+        out = tp.OutputSpec(stochastic=stochastic, hadamard=True, signs=signs,
+                            index_strides=(1, k), poison=amax is not None)
+    elif axis == x.ndim - 1:
+        xk = x2
+        out = tp.OutputSpec(stochastic=stochastic, block_2d=block_2d, index_strides=(k, 1),
+                            poison=amax is not None)
+    else:
+        xk = x2
+        out = tp.OutputSpec(stochastic=stochastic, block_2d=block_2d, hadamard=hadamard,
+                            signs=signs, index_strides=(k, 1), poison=amax is not None)
+    is_col = transposed or axis != x.ndim - 1
+
+    def computed():
+        plain, rot = amax_pass.run_amax(xk, out.hadamard, signs, config, interpret)
+        return rot if out.hadamard else plain
+
+    stored, gds, mult = amax_pass.scales_from(
+        amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
+    fp = jnp.stack([gds, mult, gds, mult])
+    up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
+    (codes, scales), flags = engines.run_quantize(
+        xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)
+    amax_out = stored(flags[1] if is_col else flags[0])
+    if transposed:
+        return (tp.as_bytes(codes, k // 2, rows).T, tp.as_bytes(scales, k // 16, rows).T,
+                amax_out)
+    if not is_col:
+        data = codes.reshape(*lead, m, k // 2)
+        scales = (scales.reshape(*lead, m // 16, k // 16) if block_2d
+                  else scales.reshape(*lead, m, k // 16))
+        return data, scales, amax_out
+    data = tp.as_bytes(codes, rows // 2, k).reshape(*lead, m // 2, k)
+    if block_2d:
+        scales = scales.reshape(*lead, m // 16, k // 16)
+    else:
+        scales = tp.as_bytes(scales, rows // 16, k).reshape(*lead, m // 16, k)
+    return data, scales, amax_out
+
+
+def quantize(
+    x: jax.typing.ArrayLike,
+    *,
+    axis: int = -1,
+    block_2d: bool = False,
+    rounding: Rounding = "nearest",
+    key: jax.Array | None = None,
+    hadamard: bool = False,
+    hadamard_signs: Sequence[int] | None = None,
+    amax: jax.typing.ArrayLike | None = None,
+    config: QuantizeConfig | None = None,
+    interpret: bool = False,
+) -> NVFP4Array:
+    """Quantizes ``x`` to NVFP4 with the fused Mosaic GPU kernel.
+
+    Same semantics, output layout and bits as the reference quantize (including
+    stochastic rounding: the same counter-based bits), for the shapes `supports` accepts;
+    a `ValueError` carrying its reason otherwise.
+
+    Args:
+      x: bfloat16/float16 array ``(..., M, K)``.
+      axis: the block axis: the last or the second-to-last.
+      block_2d: one scale per 16×16 tile (weights).
+      rounding: ``"nearest"`` or ``"stochastic"`` (needs ``key``).
+      key: a ``jax.random`` key for stochastic rounding.
+      hadamard: apply the 16×16 RHT along ``axis`` first (amax after the transform).
+      hadamard_signs: RHT sign vector (default `fp4jax.numerics.hadamard.DEFAULT_SIGNS`).
+      amax: precomputed global amax (skips the reduction pass).
+      config: tuning (`QuantizeConfig`); None uses `DEFAULT_CONFIG` for the rowwise
+        engine and `TWO_OUTPUT_CONFIG` for the columnwise one.
+      interpret: run in Mosaic GPU interpret mode (CPU, slow; for tests).
+
+    Returns:
+      An `NVFP4Array`.
+
+    Mathematically equivalent to::
+
+      reference(x, axis=axis, block_2d=block_2d, rounding=rounding, key=key,
+                hadamard=hadamard, hadamard_signs=hadamard_signs, amax=amax)
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from pallas_kernels import quantize_single
+      >>> x = jax.random.normal(jax.random.key(1), (64, 128), jnp.bfloat16)
+      >>> q = quantize_single.quantize(x, axis=0, hadamard=True, interpret=True)
+      >>> r = quantize_single.reference(x, axis=0, hadamard=True)
+      >>> bool((q.data == r.data).all()), q.scales.shape
+      (True, (4, 128))
+    """
+    x = jnp.asarray(x)
+    checks.check_input_dtype(x.dtype, "x")
+    checks.check_quantize_options(rounding=rounding, key=key, hadamard=hadamard,
+                                  block_2d=block_2d, hadamard_signs=hadamard_signs)
+    reason = supports(x.shape, x.dtype, axis=axis, block_2d=block_2d, hadamard=hadamard)
+    if reason is not None:
+        raise ValueError(reason)
+    ax = layout.normalize_axis(axis, x.ndim)
+    signs = hadamard_lib.check_signs(hadamard_signs)
+    amax = checks.check_amax(amax)
+    if config is None:  # the columnwise engine's best tiling is TWO_OUTPUT_CONFIG's
+        config = DEFAULT_CONFIG if (ax == x.ndim - 1 and not hadamard) else TWO_OUTPUT_CONFIG
+    data, scales, amax_out = _quantize_jit(
+        x, key, amax, axis=ax, block_2d=bool(block_2d), rounding=rounding,
+        hadamard=bool(hadamard), hadamard_signs=signs, config=config, interpret=bool(interpret))
+    return NVFP4Array(
+        data=data,
+        scales=lax.bitcast_convert_type(scales, jnp.float8_e4m3fn),
+        amax=amax_out,
+        shape=tuple(x.shape),
+        dtype=x.dtype,
+        axis=ax,
+        block_2d=bool(block_2d),
+        hadamard=bool(hadamard),
+    )
+
+
+def reference(
+    x: jax.typing.ArrayLike,
+    *,
+    axis: int = -1,
+    block_2d: bool = False,
+    rounding: Rounding = "nearest",
+    key: jax.Array | None = None,
+    hadamard: bool = False,
+    hadamard_signs: Sequence[int] | None = None,
+    amax: jax.typing.ArrayLike | None = None,
+) -> NVFP4Array:
+    """The pure-JAX reference quantize: the spec `quantize` matches bit for bit.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from pallas_kernels import quantize_single
+      >>> quantize_single.reference(jnp.ones((16, 16), jnp.bfloat16)).data.shape
+      (16, 8)
+    """
+    from fp4jax.reference import quantization  # the spec, imported lazily
+
+    return quantization.quantize(x, axis=axis, block_2d=block_2d, rounding=rounding, key=key,
+                                 hadamard=hadamard, hadamard_signs=hadamard_signs, amax=amax)
+
+
+def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None = None, *,
+         reps: int = 15, interpret: bool = False) -> list[dict]:
+    """Benchmarks `quantize` (BF16 ``(m, k)``, 1D RNE) on the default device; prints a table.
+
+    Against the XLA reference (``jax.jit(reference)``) and the HBM copy bandwidth
+    measured in the same run. Bytes counted: input read + codes/scales written (the amax
+    pass's extra read is not counted, so "amax pass" rows show the end-to-end cost
+    against the same byte count). Each kernel row is checked bit for bit against the XLA
+    reference on the same device.
+    """
+    from fp4jax.reference import quantization  # the spec to compare with, lazily
+
+    dev = jax.devices()[0]
+    x = (jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+         * jnp.exp2(jax.random.uniform(jax.random.key(1), (m, k), minval=-8, maxval=8))
+         ).astype(jnp.bfloat16)
+    in_bytes = m * k * 2
+    inner = 1 if interpret else 20
+    rows: list[dict] = []
+
+    def add(name, fn, out_bytes, check=None, *args):
+        t = timing.time_fn(fn, [args or (x,)], warmup=2, iters=reps, reps=inner)
+        gbs = (in_bytes + out_bytes) / t / 1e9
+        row = {"name": name, "us": t * 1e6, "gbs": gbs}
+        if check is not None:
+            row["bit_exact"] = check()
+        rows.append(row)
+        print(f"{name:58s} {t * 1e6:9.1f} us {gbs:8.1f} GB/s"
+              + (f"  bit-exact={row['bit_exact']}" if check is not None else ""), flush=True)
+
+    t_copy = timing.copy_seconds(x, warmup=2, iters=reps, reps=20)
+    copy_gbs = 2 * in_bytes / t_copy / 1e9
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  shape {m}x{k} bf16")
+    print(f"{'HBM copy (XLA x+1, read+write)':58s} {t_copy * 1e6:9.1f} us {copy_gbs:8.1f} GB/s")
+    rows.append({"name": "copy", "us": t_copy * 1e6, "gbs": copy_gbs})
+
+    ref_1d = jax.jit(lambda a: quantization.quantize(a))
+    r1 = ref_1d(x)
+    out1 = timing.nbytes((r1.data, r1.scales))
+    add("XLA jit(reference quantize) 1D RNE", ref_1d, out1)
+    for cfg in configs or (DEFAULT_CONFIG,):
+        f = jax.jit(lambda a, cfg=cfg: quantize(a, config=cfg, interpret=interpret))
+        add(f"kernel 1D RNE (amax pass) {cfg.label}", f, out1,
+            lambda f=f: timing.bits_equal(f(x), r1))
+        g = jax.jit(lambda a, s, cfg=cfg: quantize(a, amax=s, config=cfg, interpret=interpret))
+        add(f"kernel 1D RNE (amax given) {cfg.label}", g, out1,
+            lambda g=g: timing.bits_equal(g(x, r1.amax), r1), x, r1.amax)
+    for r in rows:
+        r["frac_of_copy"] = r["gbs"] / copy_gbs
+    print("\nfraction of copy bandwidth:")
+    for r in rows:
+        print(f"  {r['name']:58s} {r['frac_of_copy']:6.2f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Helpers shared by the kernel tests: bitwise NVFP4Array comparison and test data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def bits(a):
+    """The raw bits of an array (uint8 or uint32 view)."""
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(np.uint32)
+
+
+def _mismatch(a, b) -> str:
+    a, b = bits(a), bits(b)
+    bad = np.argwhere(a != b)
+    return f"{len(bad)} of {a.size} differ, first at {bad[:4].tolist()}"
+
+
+def assert_same(q, r, what: str = ""):
+    """Asserts two NVFP4Arrays have the same metadata and the same bits."""
+    assert (q.shape, q.axis, q.block_2d, q.hadamard, jnp.dtype(q.dtype)) == (
+        r.shape, r.axis, r.block_2d, r.hadamard, jnp.dtype(r.dtype)), what
+    assert q.data.shape == r.data.shape and q.scales.shape == r.scales.shape, what
+    for name in ("data", "scales", "amax"):
+        a, b = getattr(q, name), getattr(r, name)
+        assert np.array_equal(bits(a), bits(b)), f"{name} {what}: {_mismatch(a, b)}"
+
+
+def data(shape, dtype=jnp.bfloat16, seed=0):
+    """Wide dynamic range, zeros, -0, tiny values and a whole zero block."""
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(k1, shape, jnp.float32) * jnp.exp2(
+        jax.random.uniform(k2, shape, minval=-10, maxval=10))
+    x = x.astype(dtype)
+    flat = x.reshape(-1, shape[-1])
+    flat = flat.at[0, :16].set(0).at[1, 3].set(-0.0).at[2, 5].set(1e-30).at[3, 16:32].multiply(1e-5)
+    return flat.reshape(shape)
+
+
+def poison_allocator(nbytes: int):
+    """Fills and frees device memory with a sentinel so fresh outputs start as garbage.
+
+    Output buffers of the next call are typically carved from the freed block, so any
+    element the kernel fails to write shows up as 0xA5 bytes (best effort).
+    """
+    junk = jnp.full((nbytes,), 0xA5, jnp.uint8)
+    junk.block_until_ready()
+    del junk
+
+
+def on_cpu(fn, *args):
+    """``jit(fn)(*args)`` on the CPU (the reference's bits on the host)."""
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        return jax.jit(fn)(*jax.device_put(args, cpu))

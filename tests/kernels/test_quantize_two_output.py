@@ -1,0 +1,82 @@
+"""Bit-exactness of the two-output quantize kernel (`pallas_kernels.quantize_two_output`:
+rowwise + columnwise-RHT copies from one read) against two reference quantizes, and its
+`supports`.
+
+CPU/CI: interpret mode on one small shape. GPU (``-m gpu``, skipped without a GPU): the
+compiled kernel at several shapes, outputs poisoned first.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels import quantize_two_output as q2
+from tests.kernels.nvfp4_bits import ON_GPU, assert_same, data, on_cpu, poison_allocator
+
+
+def test_interpret_two_output_sr():
+    x = data((64, 128), seed=1)
+    kw = {"rounding": "stochastic", "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
+    rows, cols = q2.quantize_rowwise_columnwise(x, interpret=True, **kw)
+    ref_rows, ref_cols = q2.reference(x, **kw)
+    assert_same(rows, ref_rows, "rowwise")
+    assert_same(cols, ref_cols, "columnwise")
+
+
+@pytest.mark.parametrize("shape,dtype,supported", [
+    ((64, 128), jnp.bfloat16, True),
+    ((128, 256), jnp.float16, True),
+    ((2, 64, 128), jnp.bfloat16, False),  # batched: 2D only
+    ((48, 128), jnp.bfloat16, False),  # M not a multiple of 64
+    ((64, 128), jnp.float32, False),
+])
+def test_supports_agrees_with_the_wrapper(shape, dtype, supported):
+    """None for shapes the kernel takes (the wrapper traces), else a one-line reason naming
+    the shape, which is exactly the wrapper's ValueError."""
+    reason = q2.supports(shape, dtype)
+    if supported:
+        assert reason is None
+        abstract = jax.ShapeDtypeStruct(shape, dtype)
+        row, col = jax.eval_shape(q2.quantize_rowwise_columnwise, abstract)
+        assert row.shape == col.shape == shape
+    else:
+        assert isinstance(reason, str) and "\n" not in reason and str(shape) in reason
+        with pytest.raises(ValueError) as err:
+            q2.quantize_rowwise_columnwise(jnp.zeros(shape, dtype), interpret=True)
+        assert str(err.value) == reason
+
+
+def test_two_output_value_errors():
+    with pytest.raises(ValueError, match="2D"):
+        q2.quantize_rowwise_columnwise(jnp.zeros((2, 64, 128), jnp.bfloat16), interpret=True)
+    with pytest.raises(ValueError, match="64"):
+        q2.quantize_rowwise_columnwise(jnp.zeros((48, 128), jnp.bfloat16), interpret=True)
+    with pytest.raises(ValueError, match="row_key"):
+        q2.quantize_rowwise_columnwise(jnp.zeros((64, 128), jnp.bfloat16), rounding="stochastic",
+                                       interpret=True)
+    with pytest.raises(TypeError, match="col_key"):
+        q2.quantize_rowwise_columnwise(jnp.zeros((64, 128), jnp.bfloat16), col_key=3,
+                                       interpret=True)
+
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(384, 640), (1152, 896), (8192, 8192)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_gpu_two_output(shape, rounding):
+    x = data(shape, seed=4)
+    kw = {"rounding": rounding, "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
+    ref = jax.jit(functools.partial(q2.reference, **kw))(x)
+    poison_allocator(4 * x.size)
+    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, **kw))(x)
+    for g, r, what in zip(got, ref, ("rowwise", "columnwise")):
+        assert_same(g, r, f"{what} {shape} {rounding} vs GPU reference")
+    if shape == (384, 640):
+        for g, r in zip(got, on_cpu(functools.partial(q2.reference, **kw), x)):
+            assert_same(g, r, f"{shape} vs CPU")
