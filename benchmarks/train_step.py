@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import fp4jax  # noqa: E402
 from fp4jax import train as train_lib  # noqa: E402
 from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
-from benchmarks import timing  # noqa: E402  (pallas_kernels.timing after the kernel split)
+from pallas_kernels import timing  # noqa: E402
 
 
 def build(cfg: LlamaConfig, recipe: str, impl: str, seed: int = 0):

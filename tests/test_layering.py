@@ -41,8 +41,9 @@ def _planted_copy(tmp_path, module_file, line):
 def test_a_planted_upward_import_is_caught(tmp_path):
     """A numerics module importing the training layer is reported as upward."""
     problems = _planted_copy(tmp_path, "fp4jax/numerics/rounding.py", "\nfrom fp4jax import train\n")
-    assert problems == [
-        "fp4jax.numerics.rounding (floor 0) imports fp4jax.train (floor 6): upward"]
+    assert problems[0] == "fp4jax.numerics.rounding (floor 0) imports fp4jax.train (floor 6): upward"
+    # train reaches numerics through the flax layer, so the plant also closes a cycle
+    assert len(problems) == 2 and problems[1].startswith("import cycle: ")
 
 
 def test_a_planted_kernel_to_dispatch_import_is_caught(tmp_path):
@@ -51,7 +52,8 @@ def test_a_planted_kernel_to_dispatch_import_is_caught(tmp_path):
                     if p.name != "__init__.py")[0]
     problems = _planted_copy(tmp_path, f"pallas_kernels/{kernel}",
                              "\ndef helper():\n    from fp4jax import implementation\n")
-    assert len(problems) == 1 and "upward, in helper()" in problems[0]
+    assert "upward, in helper()" in problems[0]
+    assert all("upward" in p or p.startswith("import cycle: ") for p in problems)
 
 
 def test_a_planted_cycle_and_private_import_are_caught(tmp_path):
