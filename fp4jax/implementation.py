@@ -40,6 +40,8 @@ Backend = Literal["xla", "pallas", "native"]
 
 IMPLS: tuple[str, ...] = ("xla", "pallas", "native", "auto")
 
+GEMM_KERNEL_OUTPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
 
 def check_impl(impl: Any) -> Impl:
     """Returns ``impl`` or raises `ValueError` naming the valid choices."""
@@ -328,6 +330,8 @@ def matmul(
     def kernel_reason() -> str | None:
         from pallas_kernels import gemm
 
+        if out_dtype not in GEMM_KERNEL_OUTPUT_DTYPES:
+            return f"the kernel writes float32, bfloat16 or float16, not {out_dtype}"
         return gemm.supports(lhs, rhs, lhs_from_mT=lhs_from_mT)
 
     backend = choose(impl, gemm=True, kernel_reason=kernel_reason,
