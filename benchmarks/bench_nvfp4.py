@@ -115,19 +115,20 @@ def bench_gemm(shapes, iters: int) -> dict:
         flops = 2 * m * k * n
         row = {}
 
-        def entry(name, fn, args):
+        def entry(name, fn, args, flops=flops, row=row):
             def measure():
                 t = time_fn(fn, args, iters=iters)
                 return {"ms": t * 1e3, "tflops": flops / t / 1e12}
             _entry(row, name, measure)
 
-        entry("bf16_jnp_dot", jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16)),
+        entry("bf16_jnp_dot",
+              jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.bfloat16)),
               list(zip(a, b)))
         entry("xla_dequant_dot", jax.jit(lambda x, y: fp4jax.matmul(
             x, y, preferred_element_type=jnp.bfloat16, impl="xla")), list(zip(qa, qb)))
         cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
         entry("jax_nn_scaled_dot_general", jax.jit(
-            lambda x, y: jax.nn.scaled_dot_general(
+            lambda x, y, cfgs=cfgs: jax.nn.scaled_dot_general(
                 x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16,
                 configs=cfgs)), list(zip(a, b)))
         if kmat is not None:

@@ -41,7 +41,8 @@ print("scaled codes equal", np.array_equal(a_g.view(np.uint16), a_c.view(np.uint
 a, b = jnp.asarray(a_c), jnp.asarray(b_c)
 exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
 for prec in (None, "highest"):
-    d_g, d_c = both(lambda a, b: jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32), a, b)
+    d_g, d_c = both(lambda a, b, prec=prec: jnp.dot(
+        a, b, precision=prec, preferred_element_type=jnp.float32), a, b)
     print("dot precision", prec, "gpu vs exact", rel(d_g, exact), "cpu vs exact", rel(d_c, exact))
 m_g, m_c = both(lambda qa, qb: fp4jax.matmul(qa, qb), qx_c, qw_c)
 print("fp4jax.matmul gpu vs cpu", rel(m_g, m_c))
@@ -56,5 +57,6 @@ print("subnormals on GPU: x*2 =", g[0], "x==0:", g[1], "| CPU:", c[0], c[1])
 ra = np.abs(np.random.default_rng(0).standard_normal(100000)).astype(np.float32) + 0.1
 rb = np.abs(np.random.default_rng(1).standard_normal(100000)).astype(np.float32) + 0.1
 g, c = both(lambda a, b: a / b, ra, rb)
-print("plain float division GPU==CPU bitwise:", np.array_equal(g.view(np.uint32), c.view(np.uint32)),
-      "mismatches", int(np.sum(g.view(np.uint32) != c.view(np.uint32))))
+print("plain float division GPU==CPU bitwise:",
+      np.array_equal(g.view(np.uint32), c.view(np.uint32)), "mismatches",
+      int(np.sum(g.view(np.uint32) != c.view(np.uint32))))

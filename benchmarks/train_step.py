@@ -25,9 +25,10 @@ from flax import nnx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples"))
 
+from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
+
 import fp4jax  # noqa: E402
 from fp4jax import train as train_lib  # noqa: E402
-from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 from pallas_kernels import timing  # noqa: E402
 
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(result, f, indent=1)
     print(f"{result['device']}, jax {result['jax']}, {result['date']}: Llama dim={a.dim} "
           f"layers={a.layers}, batch {a.batch} x seq {a.seq}")
-    print("| recipe | impl | compile s | x BF16 | step ms | x BF16 |\n| --- | --- | --- | --- | --- | --- |")
+    print("| recipe | impl | compile s | x BF16 | step ms | x BF16 |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['recipe']} | {r['impl']} | {r['compile_s']:.1f} | {r['compile_ratio']:.2f} | "
               f"{r['step_ms']:.2f} | {r['step_ratio']:.2f} |")

@@ -63,7 +63,8 @@ def main(argv=None) -> dict:
           f"| fp4jax NVFP4 (impl=xla) | {res['nvfp4_xla_fwd_ms']:.3f} | "
           f"{res['nvfp4_xla_fwd_bwd_ms']:.3f} |\n"
           f"fwd+bwd ratio {res['fwd_bwd_ratio']:.2f}x; saved for backward "
-          f"{saved / 2**20:.1f} MiB vs {res['bf16_saved_for_backward_bytes'] / 2**20:.1f} MiB BF16; "
+          f"{saved / 2**20:.1f} MiB vs "
+          f"{res['bf16_saved_for_backward_bytes'] / 2**20:.1f} MiB BF16; "
           f"{res['device']}, jax {res['jax']}, {res['date']}")
     if a.out:
         with open(a.out, "w") as f:

@@ -40,7 +40,7 @@ Backend = Literal["xla", "pallas", "native"]
 
 IMPLS: tuple[str, ...] = ("xla", "pallas", "native", "auto")
 
-GEMM_KERNEL_OUTPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+GEMM_KERNEL_OUTPUT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
 
 
 def check_impl(impl: Any) -> Impl:

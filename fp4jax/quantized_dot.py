@@ -30,7 +30,8 @@ from fp4jax.numerics import checks, layout, random_bits
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 
-DimensionNumbers = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+_Dims = tuple[int, ...]
+DimensionNumbers = tuple[tuple[_Dims, _Dims], tuple[_Dims, _Dims]]
 
 ROLE_IDS = {
     "fprop_lhs": 0,

@@ -156,29 +156,29 @@ class Recipe:
         """True when some operand uses stochastic rounding."""
         return any(o.stochastic for _, o in self.operands())
 
-    def replace(self, **changes) -> "Recipe":
+    def replace(self, **changes) -> Recipe:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def with_unquantized_forward(self) -> "Recipe":
+    def with_unquantized_forward(self) -> Recipe:
         """The same recipe with the fprop GEMM unquantized (docs/RECIPE.md §8)."""
         return self.replace(fprop_lhs=UNQUANTIZED, fprop_rhs=UNQUANTIZED)
 
-    def with_unquantized_backward(self) -> "Recipe":
+    def with_unquantized_backward(self) -> Recipe:
         """The same recipe with the dgrad and wgrad GEMMs unquantized."""
         return self.replace(dgrad_grad=UNQUANTIZED, dgrad_rhs=UNQUANTIZED,
                             wgrad_lhs=UNQUANTIZED, wgrad_grad=UNQUANTIZED)
 
-    def with_bf16_forward(self) -> "Recipe":
+    def with_bf16_forward(self) -> Recipe:
         """Alias of `with_unquantized_forward` (the paper's "switch to BF16")."""
         return self.with_unquantized_forward()
 
-    def with_bf16_backward(self) -> "Recipe":
+    def with_bf16_backward(self) -> Recipe:
         """Alias of `with_unquantized_backward`."""
         return self.with_unquantized_backward()
 
     @classmethod
-    def nvfp4(cls) -> "Recipe":
+    def nvfp4(cls) -> Recipe:
         """The paper's recipe (docs/RECIPE.md §6).
 
         fprop: X 1D RNE, W 2D RNE; dgrad: dY 1D SR, W the same 2D quantization;
@@ -195,18 +195,18 @@ class Recipe:
         )
 
     @classmethod
-    def unquantized(cls) -> "Recipe":
+    def unquantized(cls) -> Recipe:
         """No quantization: `fp4jax.dot_general` equals `jax.lax.dot_general` exactly."""
         u = UNQUANTIZED
         return cls(fprop_lhs=u, fprop_rhs=u, dgrad_grad=u, dgrad_rhs=u, wgrad_lhs=u, wgrad_grad=u)
 
     @classmethod
-    def bf16(cls) -> "Recipe":
+    def bf16(cls) -> Recipe:
         """Alias of `unquantized` (exact passthrough in the operands' own dtype)."""
         return cls.unquantized()
 
     @classmethod
-    def nvfp4_no_rht(cls) -> "Recipe":
+    def nvfp4_no_rht(cls) -> Recipe:
         """Ablation: the paper's recipe without the wgrad Hadamard transform."""
         r = cls.nvfp4()
         return r.replace(
@@ -214,12 +214,12 @@ class Recipe:
         )
 
     @classmethod
-    def nvfp4_no_sr(cls) -> "Recipe":
+    def nvfp4_no_sr(cls) -> Recipe:
         """Ablation: the paper's recipe with round-to-nearest gradients."""
         r = cls.nvfp4()
         return r.replace(dgrad_grad=Operand(), wgrad_grad=Operand(hadamard=True))
 
     @classmethod
-    def nvfp4_no_2d(cls) -> "Recipe":
+    def nvfp4_no_2d(cls) -> Recipe:
         """Ablation: weights in 1D blocks (quantized separately along K and along N)."""
         return cls.nvfp4().replace(fprop_rhs=Operand(), dgrad_rhs=Operand())

@@ -1,6 +1,5 @@
 """fp4jax.dot_general: recipe conformance, gradients, dimension numbers, errors."""
 
-import functools
 import os
 import subprocess
 import sys
@@ -155,7 +154,8 @@ def _check_against_canonical(a, b, dn, key):
     (lc, rc), (lb, rb) = dn
     y = fp4jax.dot_general(a, b, dn, key=key)
     assert y.shape == jax.lax.dot_general(a, b, dn).shape
-    assert 0.05 < _rel(y, jax.lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn)) < 0.3
+    ref = jax.lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), dn)
+    assert 0.05 < _rel(y, ref) < 0.3
     grads = jax.grad(lambda a, b: fp4jax.dot_general(a, b, dn, key=key).astype(jnp.float32).sum(),
                      (0, 1))(a, b)
     assert grads[0].shape == a.shape and grads[1].shape == b.shape
@@ -358,7 +358,8 @@ def test_sharded_equals_unsharded():
         for a, b in zip(jax.tree.leaves(jax.jit(quant)(x)), jax.tree.leaves(jax.jit(quant)(xs))):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         # GEMMs agree up to float32 summation order across shards.
-        for a, b in zip(jax.tree.leaves(jax.jit(step)(x, w)), jax.tree.leaves(jax.jit(step)(xs, ws))):
+        one, sharded = jax.jit(step)(x, w), jax.jit(step)(xs, ws)
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
         print("OK")
     """)

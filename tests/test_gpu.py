@@ -113,7 +113,7 @@ def test_rne_dot_general_forward_bit_identical_to_cpu():
     """An RNE-only forward (Recipe.nvfp4 forward) gives the CPU's bits on exact-sum data."""
     x, w = _exact_sum_operands(128, 256, 192)
     for recipe in (fp4jax.Recipe.nvfp4_no_sr(), fp4jax.Recipe.nvfp4()):
-        f = lambda x, w: fp4jax.dot_general(  # noqa: E731
+        f = lambda x, w, recipe=recipe: fp4jax.dot_general(  # noqa: E731
             x, w, LINEAR, preferred_element_type=jnp.float32, recipe=recipe,
             key=jax.random.key(0))
         gpu, cpu = _both(f, x, w)

@@ -40,8 +40,10 @@ def _planted_copy(tmp_path, module_file, line):
 
 def test_a_planted_upward_import_is_caught(tmp_path):
     """A numerics module importing the training layer is reported as upward."""
-    problems = _planted_copy(tmp_path, "fp4jax/numerics/rounding.py", "\nfrom fp4jax import train\n")
-    assert problems[0] == "fp4jax.numerics.rounding (floor 0) imports fp4jax.train (floor 6): upward"
+    plant = "\nfrom fp4jax import train\n"
+    problems = _planted_copy(tmp_path, "fp4jax/numerics/rounding.py", plant)
+    assert problems[0] == (
+        "fp4jax.numerics.rounding (floor 0) imports fp4jax.train (floor 6): upward")
     # train reaches numerics through the flax layer, so the plant also closes a cycle
     assert len(problems) == 2 and problems[1].startswith("import cycle: ")
 

@@ -379,7 +379,8 @@ def test_stochastic_rounding_is_unbiased():
     x = jnp.concatenate([jnp.array([[6.0]]), jax.random.uniform(jax.random.key(26), (1, 15),
                                                                  minval=-6, maxval=6)], axis=1)
     keys = jax.random.split(jax.random.key(27), 2000)
-    deq = jax.vmap(lambda k: fp4jax.dequantize(fp4jax.quantize(x, rounding="stochastic", key=k)))(keys)
+    deq = jax.vmap(
+        lambda k: fp4jax.dequantize(fp4jax.quantize(x, rounding="stochastic", key=k)))(keys)
     mean, std = deq.mean(0), deq.std(0)
     se = std / np.sqrt(keys.shape[0]) + 1e-6
     assert float(jnp.max(jnp.abs(mean - x) / se)) < 5.0

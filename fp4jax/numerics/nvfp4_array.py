@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.layout import num_blocks, tile_axis_for
 
+
 def pack_codes(codes: jax.Array, axis: int) -> jax.Array:
     """Packs 4-bit codes two per byte along ``axis`` (even element in the low nibble).
 
@@ -165,7 +166,7 @@ class NVFP4Array:
         """Block decode scales broadcast to one per element, in the padded layout."""
         return self.per_element(e4m3_to_f32(self.scales).astype(dtype))
 
-    def transpose(self, axes: tuple[int, ...] | None = None) -> "NVFP4Array":
+    def transpose(self, axes: tuple[int, ...] | None = None) -> NVFP4Array:
         """Permutes the logical axes without requantizing (a layout change only).
 
         2D-tiled arrays must keep the tile on their last two axes.
@@ -192,7 +193,7 @@ class NVFP4Array:
             hadamard=self.hadamard,
         )
 
-    def take_leading(self, n: int) -> "NVFP4Array":
+    def take_leading(self, n: int) -> NVFP4Array:
         """The first ``n`` entries along axis 0, which must not be a block or tile axis.
 
         The amax is kept: this equals quantizing the first ``n`` entries with the same
@@ -205,19 +206,19 @@ class NVFP4Array:
         return dataclasses.replace(
             self, data=self.data[:n], scales=self.scales[:n], shape=(n,) + self.shape[1:])
 
-    def expand_leading(self) -> "NVFP4Array":
+    def expand_leading(self) -> NVFP4Array:
         """The array viewed with a new leading axis of length 1 (a layout change only)."""
         return dataclasses.replace(
             self, data=self.data[None], scales=self.scales[None], shape=(1,) + self.shape,
             axis=self.axis + 1)
 
     @property
-    def T(self) -> "NVFP4Array":  # noqa: N802 - mirrors jax.Array.T
+    def T(self) -> NVFP4Array:  # noqa: N802 - mirrors jax.Array.T
         """All axes reversed (see `transpose`)."""
         return self.transpose()
 
     @property
-    def mT(self) -> "NVFP4Array":  # noqa: N802 - mirrors jax.Array.mT
+    def mT(self) -> NVFP4Array:  # noqa: N802 - mirrors jax.Array.mT
         """The last two axes swapped (see `transpose`)."""
         perm = list(range(self.ndim))
         perm[-1], perm[-2] = perm[-2], perm[-1]

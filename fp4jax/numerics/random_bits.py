@@ -56,7 +56,8 @@ def check_key(key: object, what: str = "key") -> jax.Array:
     key = jnp.asarray(key)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.shape != ():
-            raise ValueError(f"{what} must be a single jax.random key, got a batch of shape {key.shape}")
+            raise ValueError(
+                f"{what} must be a single jax.random key, got a batch of shape {key.shape}")
     elif key.dtype == jnp.uint32:
         if key.ndim != 1 or key.shape[0] < 2:
             raise ValueError(

@@ -35,7 +35,8 @@ def global_encode_scale(amax: jax.typing.ArrayLike) -> jax.Array:
     amax = jnp.asarray(amax, _F32)
     finite = jnp.isfinite(amax)
     safe = jnp.where(finite, jnp.abs(amax), np.float32(1.0))
-    ges = jnp.minimum(rounding.div_rn(np.float32(GLOBAL_SCALE_NUMERATOR), safe), np.float32(FLT_MAX))
+    ges = rounding.div_rn(np.float32(GLOBAL_SCALE_NUMERATOR), safe)
+    ges = jnp.minimum(ges, np.float32(FLT_MAX))
     ges = jnp.where((safe == 0) | (ges == 0), np.float32(1.0), ges)
     return jnp.where(finite, ges, np.float32(np.nan))
 

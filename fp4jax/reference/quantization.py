@@ -22,8 +22,14 @@ from fp4jax.numerics import checks, layout, random_bits, scales
 from fp4jax.numerics import hadamard as hadamard_lib
 from fp4jax.numerics import rounding as rnd
 from fp4jax.numerics.constants import BLOCK, E2M1_MAX
-from fp4jax.numerics.nvfp4_array import NVFP4Array, e2m1_to_bf16, e2m1_to_f32, e4m3_to_f32
-from fp4jax.numerics.nvfp4_array import pack_codes, unpack_codes
+from fp4jax.numerics.nvfp4_array import (
+    NVFP4Array,
+    e2m1_to_bf16,
+    e2m1_to_f32,
+    e4m3_to_f32,
+    pack_codes,
+    unpack_codes,
+)
 from fp4jax.numerics.rounding import Rounding
 
 _F32 = jnp.float32
