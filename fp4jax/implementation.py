@@ -292,6 +292,7 @@ def matmul(
     preferred_element_type: Any = jnp.float32,
     impl: Impl = "xla",
     lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
+    out_sharding: Any = None,
 ) -> jax.Array:
     """Multiplies two NVFP4 tensors: ``lhs (..., M, K) @ rhs (..., K, N)``.
 
@@ -308,6 +309,8 @@ def matmul(
         untested there) or ``"auto"``; see this module's docstring.
       lhs_from_mT: a layout hint for the kernel: ``lhs`` is the ``.mT`` view of an
         array blocked along its rows (wgrad's Xᵀ). Results do not depend on it.
+      out_sharding: the output's sharding (a `PartitionSpec` under an explicit mesh), as
+        in `jax.lax.dot_general`; needed when the contraction is sharded.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -330,6 +333,8 @@ def matmul(
     def kernel_reason() -> str | None:
         from pallas_kernels import gemm
 
+        if out_sharding is not None:
+            return "the kernel runs on one device's operands (no out_sharding)"
         if out_dtype not in GEMM_KERNEL_OUTPUT_DTYPES:
             return f"the kernel writes float32, bfloat16 or float16, not {out_dtype}"
         return gemm.supports(lhs, rhs, lhs_from_mT=lhs_from_mT)
@@ -340,5 +345,7 @@ def matmul(
         from pallas_kernels import gemm
 
         return gemm.matmul(lhs, rhs, preferred_element_type=out_dtype, lhs_from_mT=lhs_from_mT)
-    backend_matmul = native_gemm.matmul if backend == "native" else reference_gemm.matmul
-    return backend_matmul(lhs, rhs, preferred_element_type=out_dtype)
+    if backend == "native":
+        return native_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype)
+    return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
+                                 out_sharding=out_sharding)

@@ -15,6 +15,7 @@ this for you.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -96,6 +97,44 @@ class Canonical:
         return jnp.transpose(db.reshape(shape), np.argsort(self.rhs_perm)).astype(self.rhs_dtype)
 
 
+def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
+    """The `PartitionSpec` of ``x`` (an array or an NVFP4Array's codes) under a mesh with
+    explicit axes, else None (auto or no sharding: XLA decides)."""
+    s = jax.typeof(x.data if isinstance(x, NVFP4Array) else x).sharding
+    types = getattr(s.mesh, "axis_types", ())
+    if not any(t == jax.sharding.AxisType.Explicit for t in types):
+        return None
+    spec = tuple(s.spec) + (None,) * (len(jax.typeof(x.data if isinstance(x, NVFP4Array)
+                                                      else x).shape) - len(s.spec))
+    return jax.sharding.PartitionSpec(*spec)
+
+
+@functools.partial(jax.tree_util.register_static)
+@dataclasses.dataclass(frozen=True)
+class GemmShardings:
+    """Output shardings of the three canonical GEMMs under an explicit mesh (None: XLA
+    decides). dgrad's output is sharded like X, wgrad's like W, fprop's takes X's batch
+    and token axes and W's output-feature axis."""
+
+    fprop: jax.sharding.PartitionSpec | None = None
+    dgrad: jax.sharding.PartitionSpec | None = None
+    wgrad: jax.sharding.PartitionSpec | None = None
+
+    @classmethod
+    def of(cls, a: jax.Array, b: jax.Array) -> "GemmShardings":
+        sa, sb = explicit_spec(a), explicit_spec(b)
+        if sa is None and sb is None:
+            return cls()
+        sa = sa or jax.sharding.PartitionSpec(None, None, None)
+        sb = sb or jax.sharding.PartitionSpec(None, None, None)
+        used = {n for d in (sa[0], sa[1]) for n in ((d,) if isinstance(d, str) else d or ())}
+        n_axis = sb[2]
+        names = (n_axis,) if isinstance(n_axis, str) else (n_axis or ())
+        if used & set(names):
+            n_axis = None  # a mesh axis cannot shard two output dims
+        return cls(fprop=jax.sharding.PartitionSpec(sa[0], sa[1], n_axis), dgrad=sa, wgrad=sb)
+
+
 def normalize_dimension_numbers(dn: Any, lhs_ndim: int, rhs_ndim: int) -> DimensionNumbers:
     """Validated dimension numbers with non-negative dims, or a `ValueError` naming them."""
     try:
@@ -152,14 +191,14 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
             quantize_operand(x, 1, col_op, key, col_role, recipe, impl))
 
 
-def _bmm(a, b, precision, impl: Impl, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
+def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
     if isinstance(a, NVFP4Array):
         return implementation.matmul(a, b, preferred_element_type=jnp.float32, impl=impl,
-                                     lhs_from_mT=lhs_from_mT)
+                                     lhs_from_mT=lhs_from_mT, out_sharding=out_sharding)
     return lax.dot_general(
         a, b, (((2,), (1,)), ((0,), (0,))), precision=precision,
-        preferred_element_type=jnp.float32,
+        preferred_element_type=jnp.float32, out_sharding=out_sharding,
     )
 
 
@@ -184,6 +223,7 @@ def missing_key_error(recipe: Recipe, roles: tuple[str, ...]) -> ValueError | No
 def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
     c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
     a, b = c.lhs(lhs), c.rhs(rhs)
+    shardings = GemmShardings.of(a, b)
     r = recipe
     x_col = None
     if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
@@ -197,7 +237,7 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
     qb = quantize_operand(b, 1, r.fprop_rhs, key, "fprop_rhs", r, impl) \
         if r.fprop_rhs.quantized else b
     if r.fprop_lhs.quantized:
-        y = c.out(_bmm(qa, qb, precision, impl)).astype(out_dtype)
+        y = c.out(_bmm(qa, qb, precision, impl, shardings.fprop)).astype(out_dtype)
     else:  # the caller's own GEMM, exactly as lax.dot_general computes it
         y = lax.dot_general(lhs, rhs, dn, precision=precision, preferred_element_type=out_dtype)
 
@@ -214,12 +254,12 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
         x_res = x_col
     else:
         x_res = quantize_operand(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r, impl)  # along tokens
-    return y, (x_res, w_res, key, c)
+    return y, (x_res, w_res, key, c, shardings)
 
 
 def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, res, g):
     del dn, out_dtype
-    x_res, w_res, key, c = res
+    x_res, w_res, key, c, shardings = res
     r = recipe
     if key is None and (err := missing_key_error(r, BACKWARD_ROLES)) is not None:
         raise err
@@ -235,14 +275,14 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, res, g):
             if r.wgrad_grad.quantized else None
     # dgrad: dX = dY W^T, contracting N.
     if r.dgrad_grad.quantized:
-        da = _bmm(qg_row, w_res.mT, precision, impl)
+        da = _bmm(qg_row, w_res.mT, precision, impl, shardings.dgrad)
     else:
-        da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl)
+        da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl, shardings.dgrad)
     # wgrad: dW = X^T dY, contracting tokens.
     if r.wgrad_grad.quantized:
-        db = _bmm(x_res.mT, qg_col, precision, impl, lhs_from_mT=True)
+        db = _bmm(x_res.mT, qg_col, precision, impl, shardings.wgrad, lhs_from_mT=True)
     else:
-        db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl)
+        db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl, shardings.wgrad)
     return c.lhs_back(da), c.rhs_back(db), None
 
 

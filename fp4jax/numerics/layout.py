@@ -59,3 +59,20 @@ def canonical_perm(ndim: int, axis: int, tile_axis: int | None) -> tuple[int, ..
     """The permutation moving ``axis`` last and, for 2D blocks, the tile axis just before."""
     tail = [axis] if tile_axis is None else [tile_axis, axis]
     return tuple(a for a in range(ndim) if a not in tail) + tuple(tail)
+
+
+def repeat_each(x: jax.Array, times: int, axis: int) -> jax.Array:
+    """``jnp.repeat(x, times, axis)`` written as a broadcast and a reshape.
+
+    Same values; unlike ``jnp.repeat`` it needs no ``out_sharding`` under an explicit
+    mesh (the result keeps ``x``'s sharding of ``axis``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> repeat_each(jnp.array([[1, 2]]), 2, 1).tolist()
+      [[1, 1, 2, 2]]
+    """
+    axis = normalize_axis(axis, x.ndim)
+    y = jnp.expand_dims(x, axis + 1)
+    y = jnp.broadcast_to(y, y.shape[: axis + 1] + (times,) + y.shape[axis + 2:])
+    return y.reshape(x.shape[:axis] + (x.shape[axis] * times,) + x.shape[axis + 1:])

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax.numerics.constants import BLOCK
-from fp4jax.numerics.layout import num_blocks, tile_axis_for
+from fp4jax.numerics.layout import num_blocks, repeat_each, tile_axis_for
 
 
 def pack_codes(codes: jax.Array, axis: int) -> jax.Array:
@@ -156,10 +156,10 @@ class NVFP4Array:
         The result is in the padded layout (the quantized axis a multiple of 16); a 2D
         tile's value is repeated over its 16 rows, cut to the logical tile axis.
         """
-        out = jnp.repeat(per_block, BLOCK, axis=self.axis)
+        out = repeat_each(per_block, BLOCK, self.axis)
         if self.block_2d:
             t = self.tile_axis
-            out = jax.lax.slice_in_dim(jnp.repeat(out, BLOCK, axis=t), 0, self.shape[t], axis=t)
+            out = jax.lax.slice_in_dim(repeat_each(out, BLOCK, t), 0, self.shape[t], axis=t)
         return out
 
     def block_scales(self, dtype: Any = jnp.float32) -> jax.Array:

@@ -107,6 +107,15 @@ def block_encode_scale_table(gds: jax.Array) -> jax.Array:
     return block_encode_scale(values, gds)
 
 
+def lookup_encode_scales(table: jax.Array, s: jax.Array) -> jax.Array:
+    """``table[e4m3_code(s)]``: the encode scales of blocks with decode scales ``s``.
+
+    The gather's output takes the sharding of ``s``, so it works under explicit meshes.
+    """
+    code = e4m3_code(s)
+    return table.at[code].get(out_sharding=jax.typeof(code).sharding)
+
+
 def element_decode_factor(s: jax.Array, amax: jax.Array) -> jax.Array:
     """What one E2M1 value is multiplied by on decode (docs/RECIPE.md §2.7).
 

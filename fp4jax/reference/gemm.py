@@ -21,7 +21,8 @@ from fp4jax.reference.quantization import scaled_codes_bf16
 
 
 def matmul(
-    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
+    out_sharding: Any = None,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
@@ -29,6 +30,7 @@ def matmul(
       lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
+      out_sharding: output sharding, as in `jax.lax.dot_general`.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -46,16 +48,18 @@ def matmul(
       (8, 4)
     """
     checks.check_gemm_operands(lhs, rhs)
-    return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
+    return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type),
+                   out_sharding=out_sharding)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype",))
-def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding"))
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding) -> jax.Array:
     a = scaled_codes_bf16(lhs)
     b = scaled_codes_bf16(rhs)
     nd = lhs.ndim
     batch = tuple(range(nd - 2))
     acc = lax.dot_general(
-        a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32
+        a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32,
+        out_sharding=out_sharding,
     )
     return (acc * scales.output_scale(lhs.amax, rhs.amax)).astype(out_dtype)

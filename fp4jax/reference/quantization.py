@@ -154,8 +154,8 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
         bamax = jnp.max(absb, axis=-1)  # (..., nb)
 
     s = scales.block_decode_scale(bamax, ges)  # float32 holding the exact E4M3 value
-    s_el = jnp.repeat(s, BLOCK, axis=-2)[..., : lead[-1], :] if block_2d else s
-    enc = enc_table[scales.e4m3_code(s_el)]
+    s_el = layout.repeat_each(s, BLOCK, -2)[..., : lead[-1], :] if block_2d else s
+    enc = scales.lookup_encode_scales(enc_table, s_el)
     v = jnp.clip(blocks * enc[..., None], -E2M1_MAX, E2M1_MAX)
     a = jnp.abs(v)
     if rounding == "nearest":
