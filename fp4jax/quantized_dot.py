@@ -44,18 +44,44 @@ ROLE_IDS = {
 }
 
 
+def _mesh_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _spec_of(dims_axes: list[tuple[str, ...]]) -> jax.sharding.PartitionSpec:
+    """A PartitionSpec from each output dim's mesh axes; an axis already used is dropped."""
+    used: set[str] = set()
+    out = []
+    for axes in dims_axes:
+        axes = tuple(a for a in axes if a not in used)
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return jax.sharding.PartitionSpec(*out)
+
+
 @functools.partial(jax.tree_util.register_static)
 class Canonical:
-    """Static description of the canonical (B, M, K) x (B, K, N) form of one call."""
+    """Static description of the canonical (B, M, K) x (B, K, N) form of one call.
 
-    def __init__(self, lhs_shape, rhs_shape, dn: DimensionNumbers, lhs_dtype, rhs_dtype):
+    Under an explicit mesh it also holds the operands' `PartitionSpec`s, so that every
+    reshape that merges or splits dims states its output sharding (JAX requires it when
+    a sharded dim is not the major one of a merge).
+    """
+
+    def __init__(self, lhs_shape, rhs_shape, dn: DimensionNumbers, lhs_dtype, rhs_dtype,
+                 lhs_spec=None, rhs_spec=None):
         (lc, rc), (lb, rb) = dn
         self.lhs_shape, self.rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
         self.lhs_dtype, self.rhs_dtype = jnp.dtype(lhs_dtype), jnp.dtype(rhs_dtype)
+        explicit = lhs_spec is not None or rhs_spec is not None
+        self.lhs_spec = tuple(lhs_spec or (None,) * len(lhs_shape)) if explicit else None
+        self.rhs_spec = tuple(rhs_spec or (None,) * len(rhs_shape)) if explicit else None
         lf = tuple(d for d in range(len(lhs_shape)) if d not in lb + lc)
         rf = tuple(d for d in range(len(rhs_shape)) if d not in rb + rc)
         self.lhs_perm = lb + lf + lc
         self.rhs_perm = rb + rc + rf
+        self._lhs_groups, self._rhs_groups = (lb, lf, lc), (rb, rc, rf)
         size = lambda shape, dims: math.prod(shape[d] for d in dims)  # noqa: E731
         self.B = size(lhs_shape, lb)
         self.M = size(lhs_shape, lf)
@@ -68,7 +94,7 @@ class Canonical:
 
     def _key(self):
         return (self.lhs_shape, self.rhs_shape, self.lhs_perm, self.rhs_perm,
-                self.lhs_dtype, self.rhs_dtype)
+                self.lhs_dtype, self.rhs_dtype, self.lhs_spec, self.rhs_spec)
 
     def __hash__(self):
         return hash(self._key())
@@ -76,25 +102,57 @@ class Canonical:
     def __eq__(self, other):
         return isinstance(other, Canonical) and self._key() == other._key()
 
+    def _merged(self, spec, groups):
+        if self.lhs_spec is None:
+            return None
+        return _spec_of([sum((_mesh_axes(spec[d]) for d in g), ()) for g in groups])
+
+    def _out_spec(self):
+        if self.lhs_spec is None:
+            return None
+        dims = [(self.lhs_spec, d) for d in self._lhs_groups[0] + self._lhs_groups[1]]
+        dims += [(self.rhs_spec, d) for d in self._rhs_groups[2]]
+        return _spec_of([_mesh_axes(spec[d]) for spec, d in dims])
+
+    def _grad_spec(self):
+        if self.lhs_spec is None:
+            return None
+        lhs_axes = [sum((_mesh_axes(self.lhs_spec[d]) for d in g), ())
+                    for g in self._lhs_groups[:2]]
+        rhs_axes = sum((_mesh_axes(self.rhs_spec[d]) for d in self._rhs_groups[2]), ())
+        return _spec_of(lhs_axes + [rhs_axes])
+
+    @staticmethod
+    def _reshape(x: jax.Array, shape, spec) -> jax.Array:
+        return x.reshape(shape) if spec is None else lax.reshape(x, shape, out_sharding=spec)
+
     def lhs(self, x: jax.Array) -> jax.Array:
-        return jnp.transpose(x, self.lhs_perm).reshape(self.B, self.M, self.K)
+        return self._reshape(jnp.transpose(x, self.lhs_perm), (self.B, self.M, self.K),
+                             self._merged(self.lhs_spec, self._lhs_groups))
 
     def rhs(self, w: jax.Array) -> jax.Array:
-        return jnp.transpose(w, self.rhs_perm).reshape(self.B, self.K, self.N)
+        return self._reshape(jnp.transpose(w, self.rhs_perm), (self.B, self.K, self.N),
+                             self._merged(self.rhs_spec, self._rhs_groups))
 
     def out(self, y: jax.Array) -> jax.Array:
-        return y.reshape(self.out_shape)
+        return self._reshape(y, self.out_shape, self._out_spec())
 
     def grad(self, g: jax.Array) -> jax.Array:
-        return g.reshape(self.B, self.M, self.N)
+        return self._reshape(g, (self.B, self.M, self.N), self._grad_spec())
 
     def lhs_back(self, da: jax.Array) -> jax.Array:
         shape = tuple(self.lhs_shape[d] for d in self.lhs_perm)
-        return jnp.transpose(da.reshape(shape), np.argsort(self.lhs_perm)).astype(self.lhs_dtype)
+        spec = None if self.lhs_spec is None else jax.sharding.PartitionSpec(
+            *(self.lhs_spec[d] for d in self.lhs_perm))
+        da = self._reshape(da, shape, spec)
+        return jnp.transpose(da, np.argsort(self.lhs_perm)).astype(self.lhs_dtype)
 
     def rhs_back(self, db: jax.Array) -> jax.Array:
         shape = tuple(self.rhs_shape[d] for d in self.rhs_perm)
-        return jnp.transpose(db.reshape(shape), np.argsort(self.rhs_perm)).astype(self.rhs_dtype)
+        spec = None if self.rhs_spec is None else jax.sharding.PartitionSpec(
+            *(self.rhs_spec[d] for d in self.rhs_perm))
+        db = self._reshape(db, shape, spec)
+        return jnp.transpose(db, np.argsort(self.rhs_perm)).astype(self.rhs_dtype)
 
 
 def explicit_spec(x: Any) -> jax.sharding.PartitionSpec | None:
@@ -221,7 +279,8 @@ def missing_key_error(recipe: Recipe, roles: tuple[str, ...]) -> ValueError | No
 
 
 def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
-    c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype)
+    c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype,
+                  explicit_spec(lhs), explicit_spec(rhs))
     a, b = c.lhs(lhs), c.rhs(rhs)
     shardings = GemmShardings.of(a, b)
     r = recipe
