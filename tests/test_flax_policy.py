@@ -2,11 +2,10 @@
 
 import warnings
 
-import flax.linen as linen
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
+from flax import linen, nnx
 
 import fp4jax
 from fp4jax.flax import Policy, Rule, high_precision_rules, keep_blocks, paper_policy
@@ -108,17 +107,21 @@ class _Readout(nnx.Module):
         return self.readout(x)
 
 
+def _readout():
+    return nnx.eval_shape(lambda: _Readout(nnx.Rngs(0)))  # abstract: policies need no values
+
+
 def test_paper_policy_keeps_the_last_matmul_layer_whatever_its_name():
     """By default the model's last matmul layer (the one producing the logits) stays in
     high precision and the report says why; keep_last=False or an explicit rule wins."""
-    report = fp4jax.flax.nnx.quantize(_Readout(nnx.Rngs(0)), paper_policy(num_blocks=2))
+    report = fp4jax.flax.nnx.quantize(_readout(), paper_policy(num_blocks=2))
     assert report.quantized == ("blocks.0", "blocks.1") and report.high_precision == ("readout",)
     assert "last matmul layer" in str(report)
-    report = fp4jax.flax.nnx.quantize(_Readout(nnx.Rngs(0)),
+    report = fp4jax.flax.nnx.quantize(_readout(),
                                       paper_policy(num_blocks=2, keep_last=False))
     assert "readout" in report.quantized
     explicit = paper_policy(num_blocks=2, extra_rules=[Rule(pattern="readout", recipe=NV)])
-    assert "readout" in fp4jax.flax.nnx.quantize(_Readout(nnx.Rngs(0)), explicit).quantized
+    assert "readout" in fp4jax.flax.nnx.quantize(_readout(), explicit).quantized
 
 
 class _Lm1b(linen.Module):
@@ -138,22 +141,29 @@ def test_linen_quantize_keeps_named_and_last_heads():
     x = jnp.ones((2, 16))
     variables = _Lm1b().init(jax.random.key(0), x)
     policy = paper_policy(num_blocks=0)
-    with fp4jax.flax.step_scope(jax.random.key(1)), fp4jax.flax.linen.quantize(policy) as rec:
-        _Lm1b().apply(variables, x)
+    def run(model, **kw):  # decisions are made while tracing: no need to compute
+        def apply():
+            with fp4jax.flax.step_scope(jax.random.key(1)), \
+                    fp4jax.flax.linen.quantize(policy, **kw) as rec:
+                model.apply(variables, x)
+            return rec
+
+        recs = []
+        jax.eval_shape(lambda: recs.append(apply()))
+        return recs[0]
+
+    rec = run(_Lm1b())
     assert rec.report().quantized == ("mlp",) and rec.report().high_precision == ("logitdense",)
 
     model = _Lm1b(head_name="readout")
     variables = model.init(jax.random.key(0), x)
     layers = fp4jax.flax.linen.matmul_layers(model, x)
     assert layers == (("mlp", "Dense"), ("readout", "Dense"))
-    with fp4jax.flax.step_scope(jax.random.key(1)), \
-            fp4jax.flax.linen.quantize(policy, layers=layers) as rec:
-        model.apply(variables, x)
+    rec = run(model, layers=layers)
     assert rec.report().high_precision == ("readout",)
     assert "last matmul layer" in str(rec.report())
     with pytest.warns(UserWarning, match="readout"):
-        with fp4jax.flax.step_scope(jax.random.key(1)), fp4jax.flax.linen.quantize(policy):
-            model.apply(variables, x)
+        run(model)
 
 
 class _ConvNet(nnx.Module):
@@ -174,7 +184,7 @@ class _LinenConvNet(linen.Module):
 def test_report_lists_every_matmul_like_layer_and_what_it_skipped():
     """Conv (nnx and linen) and linen Einsum layers are listed as "not supported: left
     as is", so the report never hides a matmul that stays in high precision."""
-    report = fp4jax.flax.nnx.quantize(_ConvNet(nnx.Rngs(0)), Policy())
+    report = fp4jax.flax.nnx.quantize(nnx.eval_shape(lambda: _ConvNet(nnx.Rngs(0))), Policy())
     assert [d.path for d in report.decisions] == ["conv", "head", "proj"]
     assert report.quantized == ("head", "proj") and report.unsupported == ("conv",)
     assert "conv" not in report.high_precision
@@ -182,10 +192,16 @@ def test_report_lists_every_matmul_like_layer_and_what_it_skipped():
     assert "not supported: left as is" in text and "2 of 3 matmul layers quantized" in text
 
     x = jnp.ones((1, 4, 4, 3))
-    variables = _LinenConvNet().init(jax.random.key(0), x)
-    with fp4jax.flax.step_scope(jax.random.key(1)), fp4jax.flax.linen.quantize() as rec:
-        _LinenConvNet().apply(variables, x)
-    r = rec.report()
+    variables = jax.eval_shape(_LinenConvNet().init, jax.random.key(0), x)
+    recs = []
+
+    def apply(variables):
+        with fp4jax.flax.step_scope(jax.random.key(1)), fp4jax.flax.linen.quantize() as rec:
+            _LinenConvNet().apply(variables, x)
+        recs.append(rec)
+
+    jax.eval_shape(apply, variables)
+    r = recs[0].report()
     assert [(d.path, d.kind) for d in r.decisions] == [
         ("Conv_0", "Conv"), ("Einsum_0", "Einsum"), ("Dense_0", "Dense")]
     assert r.quantized == ("Dense_0",) and r.unsupported == ("Conv_0", "Einsum_0")
