@@ -178,9 +178,10 @@ class Report:
         lines.append(
             f"{len(self.quantized)} of {len(self.decisions)} matmul layers quantized{skipped}"
         )
-        for r in self.unused_rules:
-            kind = "unused optional rule" if r.optional else "unused rule"
-            lines.append(f"{kind}: {r.pattern!r} -> {recipe_name(r.recipe)}")
+        for r in self.unexpected_unused:
+            lines.append(f"unused rule: {r.pattern!r} -> {recipe_name(r.recipe)}")
+        if n := len(self.unused_rules) - len(self.unexpected_unused):
+            lines.append(f"{n} optional preset rule(s) matched no layer (see unused_rules)")
         return "\n".join(lines)
 
 
