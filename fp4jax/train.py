@@ -499,7 +499,7 @@ def nnx_loss_fn(
             # Fresh Variables in this trace (the caller's may belong to an outer one).
             m = nnx.merge(graphdef, p, jax.tree.map(lambda x: x, model_state))
             rngs = jax.tree.map(lambda x: x, nnx.state(m, nnx.RngState))  # a snapshot
-            reseed_nnx(m, keys.check_key(key, "key"))
+            reseed_nnx(m, keys.typed_key(key, "key"))
             out = loss(m, batch)
             nnx.update(m, rngs)
             return out, nnx.split(m, nnx.Param, ...)[2]

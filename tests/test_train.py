@@ -209,6 +209,9 @@ def test_keys_and_step_numbers_are_checked():
     s_raw = init_state({"w": jnp.ones(2)}, tx, raw)
     s = init_state({"w": jnp.ones(2)}, tx, typed)
     assert _bits(s_raw.rng) == _bits(s.rng)
+    model = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
+    f, p, ms = nnx_loss_fn(model, lambda m, x: jnp.sum(m(x)), has_state=True)
+    assert float(f(p, ms, jnp.ones((2, 4)), raw)[0]) == float(f(p, ms, jnp.ones((2, 4)), typed)[0])
 
     step = TrainStep(lambda p, b: jnp.sum(p["w"] * b), tx)
     with pytest.raises(ValueError, match=r"step=5 but state.step is 0"):
