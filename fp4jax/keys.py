@@ -43,10 +43,10 @@ def check_key(key: Any, what: str = "key") -> jax.Array:
       >>> from fp4jax.keys import check_key
       >>> check_key(jax.random.PRNGKey(0)).shape
       (2,)
-      >>> check_key(0)
+      >>> check_key(0)  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      TypeError: key must be a jax.random key (jax.random.key(seed) or jax.random.PRNGKey(seed)), got int 0
+      TypeError: key must be a jax.random key (...), got int 0
     """
     if isinstance(key, np.ndarray):
         key = jnp.asarray(key)

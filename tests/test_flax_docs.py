@@ -6,7 +6,8 @@ import re
 import pytest
 
 DOC = pathlib.Path(__file__).parent.parent / "docs" / "FLAX.md"
-_BLOCK = re.compile(r"(?:<!-- test: (?P<marker>[^\n]*?) -->\n)?```python\n(?P<code>.*?)```", re.DOTALL)
+_BLOCK = re.compile(r"(?:<!-- test: (?P<marker>[^\n]*?) -->\n)?```python\n(?P<code>.*?)```",
+                    re.DOTALL)
 
 
 def _blocks():

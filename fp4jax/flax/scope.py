@@ -17,12 +17,12 @@ per layer and per step, and a pure function of the step key, so runs are
 reproducible. A layer called ``i > 0`` times more within one scope (weight sharing)
 folds ``i`` in again, and each of several stacked copies of a layer (``nnx.scan``,
 ``nnx.vmap``, linen ``nn.scan``) folds in its own index (see `fp4jax.flax.nnx` and
-`fp4jax.flax.linen`).
-
-Outside a scope a layer has no key: its forward pass (which rounds to nearest) works,
-and only a backward pass that rounds stochastically raises. The scope is a `contextvars.ContextVar` set on entry and reset
+`fp4jax.flax.linen`). The scope is a `contextvars.ContextVar` set on entry and reset
 on exit: it carries nothing across ``jit`` boundaries and nothing from one step to
 the next. `fp4jax.train` opens it for you.
+
+Outside a scope a layer has no key: its forward pass (which rounds to nearest) works,
+and only a backward pass that rounds stochastically raises.
 
 Rule: open the scope **inside** the jitted function, so the key is a traced value.
 A scope opened outside a ``jit`` around a jitted model would bake the key into the
