@@ -153,9 +153,24 @@ def run_study(
     return result
 
 
+SEED_NOISE_NOTE = (
+    "caveat: one short run (one seed) cannot resolve a gap below ~1%: seed-to-seed noise is "
+    "of that size (see the end-to-end study in docs/BENCHMARKS.md)"
+)
+
+
+def baseline_label(model_cfg: LlamaConfig) -> str:
+    """What the unquantized ``bf16`` recipe computes in: ``bf16``, or ``float32`` where
+    the model computes in float32 (the CPU default)."""
+    return "bf16" if model_cfg.dtype == "bfloat16" else model_cfg.dtype
+
+
 def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) -> str:
-    """The comparison as text: one row per recipe, then the gaps to BF16."""
+    """The comparison as text: one row per recipe, then the gaps to the unquantized
+    baseline (labelled by its compute dtype: float32 on a CPU)."""
     runs = result["runs"]
+    hp = baseline_label(model_cfg)
+    label = lambda n: hp if n == "bf16" else n  # noqa: E731
     pc = model_cfg.param_counts()
     fl = model_cfg.train_flops_per_token(base.seq)
     any_q = next((r for r in runs.values() if r["quantized_layers"]), None)
@@ -165,17 +180,18 @@ def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) ->
         f"{model_cfg.dtype}, {result['backend']} ({result['device']})",
         f"params {pc['total'] / 1e6:.2f}M: {pc['block_matmuls'] / 1e6:.2f}M in block matmuls "
         f"(NVFP4 in quantized runs), {(pc['embedding'] + pc['head']) / 1e6:.2f}M embedding+head "
-        f"and {pc['norms'] / 1e3:.1f}K norm (BF16)",
+        f"and {pc['norms'] / 1e3:.1f}K norm ({hp})",
         f"training FLOPs/token {sum(fl.values()) / 1e6:.1f}M: block matmuls "
         f"{fl['block_matmuls'] / sum(fl.values()):.0%}, head {fl['head'] / sum(fl.values()):.0%}, "
         f"attention products {fl['attention'] / sum(fl.values()):.0%}",
     ]
     if any_q:
         lines.append(f"quantized layers: {any_q['quantized_layers']} of {any_q['matmul_layers']} "
-                     "matmul layers (the output head stays BF16)")
-    lines.append(result["corpus"])
+                     f"matmul layers (the output head stays {hp})")
+    # (The corpus line was printed when the data was loaded; it is in compare.json.)
+    fwd, vs = f"val bpb ({hp} fwd)", f"vs {hp}"
     head = (f"{'recipe':<13} {'steps':>6} {'tokens':>9} {'epochs':>7} {'train bpb':>9} "
-            f"{'val bpb':>8} {'val bpb (bf16 fwd)':>18} {'ms/step':>8} {'vs bf16':>8}")
+            f"{'val bpb':>8} {fwd:>18} {'ms/step':>8} {vs:>8}")
     lines += ["", head, "-" * len(head)]
     ref = runs.get("bf16")
     for n, r in runs.items():
@@ -186,7 +202,7 @@ def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) ->
         bf = "-" if bf is None else f"{bf:.4f}"
         tr = r["final_train_bpb"]
         lines.append(
-            f"{n:<13} {r['steps']:>6} {r['tokens_seen'] / 1e6:>8.2f}M {r['epochs']:>7.4f} "
+            f"{label(n):<13} {r['steps']:>6} {r['tokens_seen'] / 1e6:>8.2f}M {r['epochs']:>7.4f} "
             f"{tr if tr is not None else math.nan:>9.4f} {r['final_val_bpb']:>8.4f} "
             f"{bf:>18} {(r['step_time_s'] or math.nan) * 1e3:>8.1f} {gap:>8}"
         )
@@ -198,21 +214,22 @@ def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) ->
         for n, r in runs.items():
             if n != "bf16":
                 if r["steps"] != ref["steps"]:
-                    lines.append(f"note: {n} ran {r['steps']} steps, bf16 {ref['steps']}")
+                    lines.append(f"note: {n} ran {r['steps']} steps, {hp} {ref['steps']}")
                 if r["final_val_bpb"] == ref["final_val_bpb"]:
-                    lines.append(f"WARNING: {n} equals bf16 exactly: quantization did not happen?")
+                    lines.append(f"WARNING: {n} equals {hp} exactly: quantization did not happen?")
         lines.append(
-            "relative gap = (val bpb - bf16 val bpb) / bf16 val bpb; 'val bpb (bf16 fwd)' "
-            "evaluates the same weights with every GEMM in BF16"
+            f"relative gap = (val bpb - {hp} val bpb) / {hp} val bpb; '{fwd}' evaluates the "
+            f"same weights with every GEMM unquantized ({hp})"
         )
+        if len(runs) > 1:
+            lines.append(SEED_NOISE_NOTE)
     return "\n".join(lines)
 
 
-def main(
+def parse_args(
     argv: list[str] | None = None, *, defaults: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """CLI; ``defaults`` overrides the parser defaults (used by ``demo.py``)."""
-    t_begin = time.perf_counter()
+) -> argparse.Namespace:
+    """The CLI flags; ``defaults`` overrides the parser defaults (``demo.py``'s preset)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--recipes", default="bf16,nvfp4",
                    help=f"comma-separated, from {sorted(RECIPE_SPECS)}")
@@ -228,7 +245,27 @@ def main(
     p.set_defaults(lr=1.5e-3, eval_batches=32)
     if defaults:
         p.set_defaults(**defaults)
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def settings_line(a: argparse.Namespace) -> str:
+    """The settings a run actually uses (preset and flags combined), on one line."""
+    budget = f"{a.time_budget_s:.0f}s" if a.time_budget_s else "none"
+    return (
+        f"settings: recipes {a.recipes}; Llama dim={a.dim} layers={a.layers} heads={a.heads}, "
+        f"batch {a.batch} x seq {a.seq}, steps {a.steps} (time budget {budget}), lr {a.lr:g}, "
+        f"evals {a.evals} x {a.eval_batches} batches, seed {a.seed}, compute "
+        f"{tl.compute_dtype(a.dtype)}"
+    )
+
+
+def main(
+    argv: list[str] | None = None, *, defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """CLI; ``defaults`` overrides the parser defaults (used by ``demo.py``)."""
+    t_begin = time.perf_counter()
+    a = parse_args(argv, defaults=defaults)
+    print(settings_line(a), flush=True)
     corpus = data_lib.load_corpus([a.data] if a.data else None,
                                   suffix=None if a.data else ".py")
     print(corpus.describe(), flush=True)

@@ -26,8 +26,12 @@ GPU_PRESET = dict(dim=256, layers=4, heads=4, batch=32, seq=256, steps=1000,
 
 
 def main(argv: list[str] | None = None) -> dict:
-    preset = CPU_PRESET if jax.default_backend() == "cpu" else GPU_PRESET
-    print(f"fp4jax demo on {jax.default_backend()}: preset {preset}", flush=True)
+    cpu = jax.default_backend() == "cpu"
+    preset = CPU_PRESET if cpu else GPU_PRESET
+    what = ("the CPU preset: a tiny model computing in float32, so the baseline is float32, "
+            "not BF16" if cpu else "the GPU preset: BF16 compute")
+    print(f"fp4jax demo on {jax.default_backend()}: {what}; compare.py flags override it "
+          "(e.g. --steps 50)", flush=True)
     return compare.main(argv, defaults=preset)
 
 

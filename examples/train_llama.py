@@ -286,6 +286,8 @@ def train(
     t_warm = None  # after the first step (compilation, unless already compiled)
     done = first
     last: dict[str, Any] = {}
+    if progress and first < stop_at and trainer.step.num_compiled() == 0:
+        print(f"[{cfg.recipe}] compiling the training step…", flush=True)
     for i in range(first, stop_at):
         if deadline is not None and i > first and time.perf_counter() > deadline:
             break

@@ -274,7 +274,8 @@ def missing_key_error(recipe: Recipe, roles: tuple[str, ...]) -> ValueError | No
         return None
     return ValueError(
         f"the recipe rounds {', '.join(stochastic)} stochastically: pass "
-        "key=jax.random.key(...) (one per call; see fp4jax.layer_key)"
+        "key=jax.random.key(...) (one per call; see fp4jax.layer_key; fp4jax.flax layers: "
+        "call them inside fp4jax.flax.step_scope, which fp4jax.train opens)"
     )
 
 

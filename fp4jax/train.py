@@ -1,10 +1,12 @@
 """An Optax-compatible, jit-compiled NVFP4 training step with a precision schedule.
 
-* **State**: `TrainState` — FP32 master parameters, the optax state, the step count
-  and the run's ``jax.random`` key. Every step uses the SR key
-  ``fold_in(rng, step)``; each fp4jax layer folds in its own name
-  (`fp4jax.layer_key`), so keys differ per layer and per step and depend only on
-  the run key — a resumed run draws the same bits as an uninterrupted one.
+* **State**: `TrainState` — FP32 master parameters, the optax state, the step count,
+  the run's ``jax.random`` key and the model's non-parameter state (batch
+  statistics, ...). Every step uses the step key ``fold_in(rng, step)``; each fp4jax
+  layer folds in its own name (`fp4jax.layer_key`), and the model's own randomness
+  (dropout) uses `fp4jax.keys.model_key` of it, so keys differ per layer and per
+  step and depend only on the run key — a resumed run draws the same bits as an
+  uninterrupted one.
 * **Step**: `TrainStep` differentiates ``loss_fn(params, batch)`` inside
   `fp4jax.flax.step_scope`, clips the gradient by global norm, applies any
   ``optax.GradientTransformation`` and returns metrics (loss, gradient norm, the
@@ -18,25 +20,34 @@
 
 The model enters through ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``
 with ``has_aux=True``): for nnx use `nnx_loss_fn`; for linen
-``lambda p, b: loss(model.apply({"params": p}, b["x"]), b)``.
+``lambda p, b: loss(model.apply({"params": p}, b["x"]), b)``. A model with state
+that changes while training (BatchNorm statistics, dropout) uses
+``has_state=True``: ``loss_fn(params, model_state, batch, key) -> (out,
+new_model_state)``, where ``key`` is the step's `fp4jax.keys.model_key` (for linen:
+``rngs={"dropout": key}``); `nnx_loss_fn` with ``has_state=True`` builds it for nnx.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from fp4jax import keys
 from fp4jax.flax import scope as scope_lib
 from fp4jax.flax.scope import Mode
 
-LossFn = Callable[[Any, Any], Any]
-"""``loss_fn(params, batch) -> loss`` or ``-> (loss, aux: dict)``."""
+LossFn = Callable[..., Any]
+"""``loss_fn(params, batch) -> loss`` or ``-> (loss, aux: dict)``; with ``has_state``:
+``loss_fn(params, model_state, batch, key) -> (that, new_model_state)``."""
 
 
 class TrainState(NamedTuple):
@@ -46,34 +57,47 @@ class TrainState(NamedTuple):
       step: int32 scalar, the number of steps taken.
       params: float32 master parameters (a pytree).
       opt_state: the optax state for ``params``.
-      rng: the run's ``jax.random`` key; step ``s`` uses ``fold_in(rng, s)``.
+      rng: the run's typed ``jax.random`` key; step ``s`` uses ``fold_in(rng, s)``.
+      model_state: the model's non-parameter state (BatchNorm statistics, RNG
+        streams, ...), updated by each step of a ``has_state`` `TrainStep`; None
+        for a stateless model.
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
+    model_state: Any = None
 
 
 def _as_key(key: Any) -> jax.Array:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return jax.random.key(key)
-    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.shape != ():
-            raise ValueError(f"key must be a single key, got shape {key.shape}")
-        return key
-    raise TypeError(f"key must be an int seed or a typed jax.random.key, got {key!r}")
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    try:
+        return keys.typed_key(key, "key")
+    except TypeError:
+        raise TypeError(
+            "key must be an int seed or a jax.random key (jax.random.key(seed) or "
+            f"jax.random.PRNGKey(seed)), got {type(key).__name__} {key!r}"
+        ) from None
 
 
 def init_state(
-    params: Any, optimizer: optax.GradientTransformation, key: jax.Array | int
+    params: Any,
+    optimizer: optax.GradientTransformation,
+    key: jax.Array | int,
+    *,
+    model_state: Any = None,
 ) -> TrainState:
     """Creates a `TrainState`: floating parameters become float32 masters (copies).
 
     Args:
       params: the model parameters (e.g. ``nnx.state(model, nnx.Param)``).
       optimizer: any ``optax.GradientTransformation``.
-      key: the run key (a typed ``jax.random.key``) or an int seed.
+      key: the run key: an int seed, a typed ``jax.random.key`` or a raw
+        ``jax.random.PRNGKey`` (stored typed).
+      model_state: the model's non-parameter state (from ``nnx_loss_fn(...,
+        has_state=True)``, or linen's non-``params`` collections); copied as is.
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -92,12 +116,18 @@ def init_state(
                             copy=True),
         params,
     )
-    return TrainState(
+    if model_state is not None:
+        model_state = jax.tree.map(lambda x: jnp.array(x, copy=True), model_state)
+    state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=optimizer.init(params),
         rng=_as_key(key),
+        model_state=model_state,
     )
+    # Committed to their current devices, like the arrays a checkpoint restores: a
+    # resumed run then reuses the compiled step instead of compiling it again.
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
 
 
 def step_key(rng: jax.Array, step: jax.Array | int) -> jax.Array:
@@ -174,12 +204,20 @@ class TrainStep:
 
     Call it as ``state, metrics = step(state, batch, step=i)``. ``step`` (a host
     int equal to ``state.step``) selects the schedule's mode without a device sync;
-    omitted, it is read from ``state.step`` (which waits for the previous step).
+    omitted, it is read from ``state.step`` (which waits for the previous step). A
+    ``step`` that disagrees with ``state.step`` is a `ValueError`: it is checked
+    against the step count this object returned last time, so only the first call
+    on a state from elsewhere (a fresh or restored one) reads ``state.step``.
 
     Args:
-      loss_fn: ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``).
+      loss_fn: ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``); with
+        ``has_state``, ``loss_fn(params, model_state, batch, key) -> (that,
+        new_model_state)``.
       optimizer: any ``optax.GradientTransformation`` (the one `init_state` used).
       has_aux: ``loss_fn`` returns ``(loss, aux_dict)``; aux values become metrics.
+      has_state: the model has non-parameter state (``TrainState.model_state``) that
+        the loss function updates; ``key`` is the step's `fp4jax.keys.model_key`
+        (dropout masks: fresh each step, the same on resume).
       max_grad_norm: clip the gradient to this global norm (None: no clipping).
         Stateless, so the optimizer state does not depend on it.
       schedule: the `PrecisionSchedule` (default: the layers' recipes throughout).
@@ -209,6 +247,7 @@ class TrainStep:
         optimizer: optax.GradientTransformation,
         *,
         has_aux: bool = False,
+        has_state: bool = False,
         max_grad_norm: float | None = None,
         schedule: PrecisionSchedule | None = None,
         donate: bool = False,
@@ -227,6 +266,7 @@ class TrainStep:
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.has_aux = has_aux
+        self.has_state = bool(has_state)
         self.max_grad_norm = max_grad_norm
         self.schedule = schedule
         self.traces = 0
@@ -234,6 +274,7 @@ class TrainStep:
         self.jitted = jax.jit(
             self._step, static_argnames=("mode",), donate_argnums=(0,) if donate else ()
         )
+        self._last_step: tuple[jax.Array, int] | None = None  # (state.step returned, value)
 
     def _step(self, state: TrainState, batch: Any, mode: Mode) -> tuple[TrainState, dict]:
         self.traces += 1
@@ -241,10 +282,16 @@ class TrainStep:
 
         def wrapped(params):
             with scope_lib.step_scope(key, mode=mode):
-                loss, aux = _split_loss(self.loss_fn(params, batch), self.has_aux)
-            return _check_loss(loss), aux
+                out, model_state = call_loss(
+                    self.loss_fn, params, batch, has_state=self.has_state,
+                    model_state=state.model_state, key=keys.model_key(key),
+                )
+                loss, aux = _split_loss(out, self.has_aux)
+            return _check_loss(loss), (aux, model_state)
 
-        (loss, aux), grads = jax.value_and_grad(wrapped, has_aux=True)(state.params)
+        (loss, (aux, model_state)), grads = jax.value_and_grad(wrapped, has_aux=True)(
+            state.params
+        )
         grad_norm = optax.tree.norm(grads)
         if self.max_grad_norm is not None:
             scale = jnp.minimum(1.0, self.max_grad_norm / jnp.maximum(grad_norm, 1e-30))
@@ -252,7 +299,8 @@ class TrainStep:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = TrainState(
-            step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng
+            step=state.step + 1, params=params, opt_state=opt_state, rng=state.rng,
+            model_state=model_state,
         )
         metrics = {"loss": loss, "grad_norm": grad_norm, **aux}
         return new_state, metrics
@@ -266,8 +314,37 @@ class TrainStep:
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         if not isinstance(state, TrainState):
             raise TypeError(f"state must be a TrainState, got {type(state).__name__}")
-        step = int(state.step) if step is None else step
-        return self.jitted(state, batch, mode=self.schedule.mode(step))
+        if self.has_state and state.model_state is None:
+            raise ValueError(
+                "TrainStep(has_state=True) needs state.model_state: "
+                "init_state(params, optimizer, key, model_state=...)"
+            )
+        if not self.has_state and state.model_state is not None:
+            raise ValueError(
+                "state.model_state is set but this TrainStep ignores it: pass "
+                "has_state=True (with loss_fn(params, model_state, batch, key))"
+            )
+        step = self._check_step(state, step)
+        new_state, metrics = self.jitted(state, batch, mode=self.schedule.mode(step))
+        self._last_step = (new_state.step, step + 1)
+        return new_state, metrics
+
+    def _check_step(self, state: TrainState, step: Any) -> int:
+        """The host step number, checked against ``state.step`` without a device sync
+        when ``state.step`` is the one this object returned last."""
+        if step is None:
+            return int(state.step)
+        if isinstance(step, bool) or not hasattr(step, "__index__"):
+            raise TypeError(f"step must be an int (the host copy of state.step), got {step!r}")
+        step = operator.index(step)
+        last = self._last_step
+        actual = last[1] if last is not None and state.step is last[0] else int(state.step)
+        if step != actual:
+            raise ValueError(
+                f"step={step} but state.step is {actual}: pass the step number of the state "
+                "(it selects the precision mode), or omit step= to read it from the state"
+            )
+        return step
 
     def num_compiled(self) -> int:
         """Number of compiled programs in the jit cache (one per mode used)."""
@@ -278,12 +355,14 @@ _EVAL_KEY_SEED = 0  # forward passes never consume SR bits; any fixed key does
 
 
 def make_eval_step(
-    loss_fn: LossFn, *, has_aux: bool = False
+    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False
 ) -> Callable[..., dict[str, jax.Array]]:
     """A jitted forward pass: ``eval_step(params, batch, mode="recipe") -> metrics``.
 
     Runs ``loss_fn`` inside a `fp4jax.flax.step_scope` with a fixed key (the forward
     GEMMs round to nearest; the key only feeds backward passes, which do not run).
+    With ``has_state``, pass ``model_state=`` (its updates are dropped); build the
+    loss function from the model in eval mode (``model.eval()`` before `nnx_loss_fn`).
 
     Example:
       >>> import jax.numpy as jnp
@@ -293,24 +372,28 @@ def make_eval_step(
     """
 
     @functools.partial(jax.jit, static_argnames=("mode",))
-    def eval_step(params, batch, mode: Mode = "recipe"):
-        with scope_lib.step_scope(jax.random.key(_EVAL_KEY_SEED), mode=mode):
-            loss, aux = _split_loss(loss_fn(params, batch), has_aux)
+    def eval_step(params, batch, mode: Mode = "recipe", model_state=None):
+        key = jax.random.key(_EVAL_KEY_SEED)
+        with scope_lib.step_scope(key, mode=mode):
+            out, _ = call_loss(loss_fn, params, batch, has_state=has_state,
+                               model_state=model_state, key=keys.model_key(key))
+            loss, aux = _split_loss(out, has_aux)
         return {"loss": _check_loss(loss), **aux}
 
     return eval_step
 
 
 def make_diagnostics_step(
-    loss_fn: LossFn, *, has_aux: bool = False
+    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False
 ) -> Callable[..., tuple[dict[str, jax.Array], dict[str, Any]]]:
     """A jitted forward pass that records per-layer quantization statistics.
 
     ``diag_step(params, batch, mode="recipe") -> (metrics, stats)`` where ``stats``
     maps each quantized layer's name to ``{"x": ..., "w": ...}`` statistics of its
     forward-GEMM operands (`fp4jax.diagnostics.tensor_stats`). Layers whose forward
-    GEMM is not quantized under ``mode`` are absent. Use
-    `fp4jax.diagnostics.flatten` to log them.
+    GEMM is not quantized under ``mode`` are absent, and so are stacked layers (run
+    inside ``scan``/``vmap``). Use `fp4jax.diagnostics.flatten` to log them. With
+    ``has_state``, pass ``model_state=``.
 
     Example:
       >>> import jax, jax.numpy as jnp, fp4jax
@@ -323,24 +406,78 @@ def make_diagnostics_step(
     """
 
     @functools.partial(jax.jit, static_argnames=("mode",))
-    def diag_step(params, batch, mode: Mode = "recipe"):
-        with scope_lib.step_scope(
-            jax.random.key(_EVAL_KEY_SEED), mode=mode, diagnostics=True
-        ) as scope:
-            loss, aux = _split_loss(loss_fn(params, batch), has_aux)
+    def diag_step(params, batch, mode: Mode = "recipe", model_state=None):
+        key = jax.random.key(_EVAL_KEY_SEED)
+        with scope_lib.step_scope(key, mode=mode, diagnostics=True) as scope:
+            out, _ = call_loss(loss_fn, params, batch, has_state=has_state,
+                               model_state=model_state, key=keys.model_key(key))
+            loss, aux = _split_loss(out, has_aux)
         return {"loss": _check_loss(loss), **aux}, dict(scope.stats)
 
     return diag_step
 
 
-def nnx_loss_fn(model: Any, loss: Callable[[Any, Any], Any]) -> tuple[LossFn, Any]:
-    """Turns ``loss(model, batch)`` on an nnx model into ``(loss_fn(params, batch), params)``.
+def call_loss(
+    loss_fn: LossFn, params: Any, batch: Any, *, has_state: bool, model_state: Any,
+    key: jax.Array,
+) -> tuple[Any, Any]:
+    """``(loss_fn's output, new model_state)`` for either calling convention."""
+    if not has_state:
+        return loss_fn(params, batch), model_state
+    res = loss_fn(params, model_state, batch, key)
+    if not (isinstance(res, tuple) and len(res) == 2):
+        raise TypeError(
+            "with has_state=True, loss_fn(params, model_state, batch, key) must return "
+            "(loss or (loss, aux), new_model_state)"
+        )
+    return res
+
+
+def _stream_key(key: jax.Array, path: tuple, shape: tuple[int, ...]) -> jax.Array:
+    """The step's key for the RNG stream at ``path`` (one per stacked copy)."""
+    k = jax.random.fold_in(key, zlib.crc32(".".join(map(str, path)).encode()) & 0x7FFFFFFF)
+    return jax.random.split(k, shape) if shape else k
+
+
+def reseed_nnx(model: Any, key: jax.Array) -> None:
+    """Reseeds every RNG stream of an nnx model from ``key``, by the stream's path.
+
+    Each ``nnx.RngStream`` (e.g. the one an ``nnx.Dropout(rngs=...)`` forks) gets the
+    key ``fold_in(key, crc32(path))`` (split over its stack axes for stacked layers)
+    and a zero count: its draws are a pure function of the step key, fresh every step,
+    identical on resume, and two streams never share keys.
+    """
+    from flax import nnx
+
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.RngStream):
+            shape = tuple(node.key.shape)
+            node.key.set_value(_stream_key(key, path, shape))
+            node.count.set_value(jnp.zeros(shape, jnp.uint32))
+
+
+def nnx_loss_fn(
+    model: Any, loss: Callable[[Any, Any], Any], *, has_state: bool = False
+) -> tuple[Any, ...]:
+    """Turns ``loss(model, batch)`` on an nnx model into a loss function over its parameters.
 
     The model is split into its graph, its ``nnx.Param`` state (the trained
-    parameters) and the rest; ``loss_fn`` merges them back inside the trace. The
-    non-parameter state (e.g. batch-norm statistics, RNG counters) is held
-    constant — models that update it during training need their own loop. Write
-    trained parameters back with ``nnx.update(model, state.params)``.
+    parameters) and the rest (the model state: batch statistics, RNG streams, the
+    SR indices of stacked layers); ``loss_fn`` merges them back inside the trace.
+
+    * ``has_state=False`` returns ``(loss_fn(params, batch), params)``; the rest is
+      held constant. A model whose state changes while training (an RNG stream, e.g.
+      of ``nnx.Dropout(rngs=...)``, or a ``nnx.BatchNorm`` in training mode) is
+      refused: its updates would be lost silently.
+    * ``has_state=True`` returns ``(loss_fn(params, model_state, batch, key),
+      params, model_state)`` for ``TrainStep(..., has_state=True)`` and
+      ``init_state(..., model_state=model_state)``. Each call reseeds the model's RNG
+      streams from ``key`` (`reseed_nnx`) and returns the updated state (the RNG
+      streams as they came in: they carry nothing from step to step).
+
+    The graph (e.g. BatchNorm's training/eval mode) is fixed when this is called:
+    call ``model.eval()`` first for an evaluation loss. Write trained values back
+    with ``nnx.update(model, state.params)`` (and ``state.model_state``).
 
     Example:
       >>> import jax.numpy as jnp
@@ -357,7 +494,36 @@ def nnx_loss_fn(model: Any, loss: Callable[[Any, Any], Any]) -> tuple[LossFn, An
         raise TypeError(f"model must be an nnx.Module, got {type(model).__name__}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
+    if has_state:
+        def stateful_loss_fn(p, model_state, batch, key):
+            # Fresh Variables in this trace (the caller's may belong to an outer one).
+            m = nnx.merge(graphdef, p, jax.tree.map(lambda x: x, model_state))
+            rngs = jax.tree.map(lambda x: x, nnx.state(m, nnx.RngState))  # a snapshot
+            reseed_nnx(m, keys.typed_key(key, "key"))
+            out = loss(m, batch)
+            nnx.update(m, rngs)
+            return out, nnx.split(m, nnx.Param, ...)[2]
+
+        return stateful_loss_fn, params, rest
+
+    from fp4jax.flax.nnx import path_name
+
+    changing = [
+        path_name(path) for path, node in nnx.iter_graph(model)
+        if isinstance(node, nnx.RngStream)
+        or (isinstance(node, nnx.BatchNorm) and not node.use_running_average)
+    ]
+    if changing:
+        raise ValueError(
+            f"the model has state that changes while training ({', '.join(changing)}: RNG "
+            "streams or BatchNorm in training mode); use nnx_loss_fn(model, loss, "
+            "has_state=True) with init_state(..., model_state=...) and "
+            "TrainStep(..., has_state=True)"
+        )
+
     def loss_fn(p, batch):
-        return loss(nnx.merge(graphdef, p, rest), batch)
+        # Fresh Variables inside the trace (the model's own live outside it), so that
+        # nnx.scan/vmap can read the constant state.
+        return loss(nnx.merge(graphdef, p, jax.tree.map(lambda x: x, rest)), batch)
 
     return loss_fn, params

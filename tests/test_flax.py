@@ -145,10 +145,8 @@ def test_nnx_quantize_converts_every_matmul_layer_and_keys_reach_each():
     assert len(set(keys.values())) == len(expected)
 
 
-def test_missing_scope_is_a_clear_error():
-    layer = nnx.Linear(32, 16, dot_general=DotGeneral(name="fc"), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="step_scope"):
-        layer(jnp.ones((4, 32)))
+def test_bad_names_keys_and_modes_are_clear_errors():
+    """(A layer outside a step scope: tests/test_flax_models.py.)"""
     with pytest.raises(ValueError, match="non-empty str"):
         DotGeneral(name="")
     with pytest.raises(TypeError, match="step_scope needs a jax.random key"):

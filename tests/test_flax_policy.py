@@ -2,8 +2,10 @@
 
 import warnings
 
+import jax
+import jax.numpy as jnp
 import pytest
-from flax import nnx
+from flax import linen, nnx
 
 import fp4jax
 from fp4jax.flax import Policy, Rule, high_precision_rules, keep_blocks, paper_policy
@@ -77,3 +79,129 @@ def test_paper_policy_keeps_head_embeddings_norms_and_kept_blocks_high_precision
     q = ["blocks.1.attn.query", "blocks.2.mlp.down", "blocks.1.attn.out", "blocks.2.attn.output"]
     assert all(p.match(x)[1] is None for x in hp)
     assert all(p.match(x)[1] == NV for x in q)
+
+
+def test_paper_policy_recognises_common_head_and_embedding_names():
+    """Heads of Flax's examples (lm1b's ``logitdense``, the nnx MiniGPT's ``output_layer``)
+    and other common spellings stay high precision; attention/MLP projections do not."""
+    p = paper_policy(num_blocks=2)
+    hp = ["logitdense", "decoder.logitdense", "output_layer", "lm_head", "model.lm_head",
+          "cls_head", "head", "logits", "to_logits", "unembed", "embed", "token_embedding",
+          "decoder.embed_tokens", "classifier", "model.classifier"]
+    q = ["blocks.0.attn.out", "blocks.1.attn.output", "blocks.0.mlp.dense", "blocks.1.attn.query",
+         "layers_0.MultiHeadDotProductAttention_0.query", "decoder.blocks.0.mlp.wo"]
+    assert [x for x in hp if p.match(x)[1] is not None] == []
+    assert [x for x in q if p.match(x)[1] != NV] == []
+
+
+class _Readout(nnx.Module):
+    """A model whose output layer has a name no rule knows, defined last."""
+
+    def __init__(self, rngs):
+        self.blocks = nnx.List([nnx.Linear(16, 16, rngs=rngs) for _ in range(2)])
+        self.readout = nnx.Linear(16, 4, rngs=rngs)
+
+    def __call__(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.readout(x)
+
+
+def _readout():
+    return nnx.eval_shape(lambda: _Readout(nnx.Rngs(0)))  # abstract: policies need no values
+
+
+def test_paper_policy_keeps_the_last_matmul_layer_whatever_its_name():
+    """By default the model's last matmul layer (the one producing the logits) stays in
+    high precision and the report says why; keep_last=False or an explicit rule wins."""
+    report = fp4jax.flax.nnx.quantize(_readout(), paper_policy(num_blocks=2))
+    assert report.quantized == ("blocks.0", "blocks.1") and report.high_precision == ("readout",)
+    assert "last matmul layer" in str(report)
+    report = fp4jax.flax.nnx.quantize(_readout(),
+                                      paper_policy(num_blocks=2, keep_last=False))
+    assert "readout" in report.quantized
+    explicit = paper_policy(num_blocks=2, extra_rules=[Rule(pattern="readout", recipe=NV)])
+    assert "readout" in fp4jax.flax.nnx.quantize(_readout(), explicit).quantized
+
+
+class _Lm1b(linen.Module):
+    """lm1b-like linen names: a Dense head called ``logitdense``, one called last."""
+
+    head_name: str = "logitdense"
+
+    @linen.compact
+    def __call__(self, x):
+        x = linen.Dense(16, name="mlp")(x)
+        return linen.Dense(4, name=self.head_name)(x)
+
+
+def test_linen_quantize_keeps_named_and_last_heads():
+    """linen: a recognised head name is kept; an unknown one is kept when quantize knows
+    the call order (``layers=matmul_layers(...)``) and otherwise a warning names it."""
+    x = jnp.ones((2, 16))
+    variables = _Lm1b().init(jax.random.key(0), x)
+    policy = paper_policy(num_blocks=0)
+    def run(model, **kw):  # decisions are made while tracing: no need to compute
+        def apply():
+            with fp4jax.flax.step_scope(jax.random.key(1)), \
+                    fp4jax.flax.linen.quantize(policy, **kw) as rec:
+                model.apply(variables, x)
+            return rec
+
+        recs = []
+        jax.eval_shape(lambda: recs.append(apply()))
+        return recs[0]
+
+    rec = run(_Lm1b())
+    assert rec.report().quantized == ("mlp",) and rec.report().high_precision == ("logitdense",)
+
+    model = _Lm1b(head_name="readout")
+    variables = model.init(jax.random.key(0), x)
+    layers = fp4jax.flax.linen.matmul_layers(model, x)
+    assert layers == (("mlp", "Dense"), ("readout", "Dense"))
+    rec = run(model, layers=layers)
+    assert rec.report().high_precision == ("readout",)
+    assert "last matmul layer" in str(rec.report())
+    with pytest.warns(UserWarning, match="readout"):
+        run(model)
+
+
+class _ConvNet(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(3, 8, (3, 3), rngs=rngs)
+        self.proj = nnx.Linear(8, 8, rngs=rngs)
+        self.head = nnx.Linear(8, 2, rngs=rngs)
+
+
+class _LinenConvNet(linen.Module):
+    @linen.compact
+    def __call__(self, x):
+        x = linen.Conv(8, (3, 3))(x)
+        x = linen.Einsum((8, 8), "bhwc,cd->bhwd")(x)
+        return linen.Dense(8)(x)
+
+
+def test_report_lists_every_matmul_like_layer_and_what_it_skipped():
+    """Conv (nnx and linen) and linen Einsum layers are listed as "not supported: left
+    as is", so the report never hides a matmul that stays in high precision."""
+    report = fp4jax.flax.nnx.quantize(nnx.eval_shape(lambda: _ConvNet(nnx.Rngs(0))), Policy())
+    assert [d.path for d in report.decisions] == ["conv", "head", "proj"]
+    assert report.quantized == ("head", "proj") and report.unsupported == ("conv",)
+    assert "conv" not in report.high_precision
+    text = str(report)
+    assert "not supported: left as is" in text and "2 of 3 matmul layers quantized" in text
+
+    x = jnp.ones((1, 4, 4, 3))
+    variables = jax.eval_shape(_LinenConvNet().init, jax.random.key(0), x)
+    recs = []
+
+    def apply(variables):
+        with fp4jax.flax.step_scope(jax.random.key(1)), fp4jax.flax.linen.quantize() as rec:
+            _LinenConvNet().apply(variables, x)
+        recs.append(rec)
+
+    jax.eval_shape(apply, variables)
+    r = recs[0].report()
+    assert [(d.path, d.kind) for d in r.decisions] == [
+        ("Conv_0", "Conv"), ("Einsum_0", "Einsum"), ("Dense_0", "Dense")]
+    assert r.quantized == ("Dense_0",) and r.unsupported == ("Conv_0", "Einsum_0")

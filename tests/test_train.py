@@ -68,7 +68,7 @@ def test_nvfp4_run_learns_switches_precision_once_and_is_deterministic():
 
     a, _ = step(state0, batch, step=0)
     b, _ = step(state0, batch, step=0)
-    c, _ = step(state0._replace(rng=jax.random.key(1)), batch, step=0)
+    c, _ = step(init_state(params, tx, 1), batch, step=0)  # another run key
     leaves = lambda s: [np.asarray(x) for x in jax.tree.leaves(s.params)]  # noqa: E731
     assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
     assert not all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(c)))
@@ -90,7 +90,7 @@ def test_gradient_clipping_bounds_the_update():
 def test_init_and_step_validate_their_inputs():
     with pytest.raises(TypeError, match="GradientTransformation"):
         init_state({"w": jnp.ones(2)}, "adam", 0)
-    with pytest.raises(TypeError, match="int seed or a typed"):
+    with pytest.raises(TypeError, match="int seed or a jax.random key"):
         init_state({"w": jnp.ones(2)}, optax.sgd(1.0), "seed")
     with pytest.raises(ValueError, match="max_grad_norm"):
         TrainStep(lambda p, b: 0.0, optax.sgd(1.0), max_grad_norm=0.0)
@@ -104,3 +104,124 @@ def test_init_and_step_validate_their_inputs():
     assert isinstance(s, TrainState) and s.params["w"].dtype == jnp.float32
     assert s.params["n"].dtype == jnp.int32
     assert PrecisionSchedule.bf16_forward_tail(total_steps=10, fraction=0.0).switch_step is None
+
+
+class _Block(nnx.Module):
+    def __init__(self, rngs):
+        self.fc = nnx.Linear(32, 32, rngs=rngs)
+        self.bn = nnx.BatchNorm(32, rngs=rngs)
+        self.drop = nnx.Dropout(0.25, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.drop(nnx.relu(self.bn(self.fc(x))))
+
+
+class _StatefulNet(nnx.Module):
+    """The shape of Flax's nnx examples: blocks created by nnx.vmap and run by nnx.scan,
+    with BatchNorm in training mode and Dropout(rngs=...)."""
+
+    def __init__(self, rngs):
+        @nnx.split_rngs(splits=2)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return _Block(rngs)
+
+        self.blocks = make(rngs)
+        self.head = nnx.Linear(32, 16, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def body(block, x):
+            return block(x)
+
+        return self.head(body(self.blocks, x))
+
+
+def _bits(tree):
+    leaves = [jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+              for x in jax.tree.leaves(tree)]
+    return [np.asarray(x).reshape(-1).view(np.uint8).tobytes() for x in leaves]
+
+
+def test_stateful_nnx_model_trains_and_resumes_bitwise(tmp_path):
+    """BatchNorm statistics and dropout RNG travel in TrainState.model_state: the step
+    updates the statistics, draws a fresh dropout mask each step from the step key (the
+    same one when a step is repeated), and 2N steps straight equal N steps, a checkpoint
+    restore and N more steps, bit for bit."""
+    from fp4jax.checkpoint import Checkpointer  # orbax only here
+
+    model = _StatefulNet(nnx.Rngs(params=0, dropout=1))
+    # One stochastically rounded GEMM (wgrad) is enough to make resumption depend on
+    # the SR keys, and compiles in a fraction of the full recipe's time.
+    wgrad_sr = fp4jax.Recipe.bf16().replace(
+        wgrad_lhs=fp4jax.Operand(), wgrad_grad=fp4jax.Operand(rounding="stochastic"))
+    report = fp4jax.flax.nnx.quantize(
+        model, fp4jax.flax.paper_policy(num_blocks=2, recipe=wgrad_sr))
+    assert report.quantized == ("blocks.fc",)
+
+    def loss(m, batch):
+        return jnp.mean((m(batch["x"]) - batch["y"]) ** 2)
+
+    loss_fn, params, model_state = nnx_loss_fn(model, loss, has_state=True)
+    tx = optax.adam(1e-2)
+    step = TrainStep(loss_fn, tx, has_state=True)
+    batch = _data()
+    s0 = init_state(params, tx, 0, model_state=model_state)
+
+    a, ma = step(s0, batch, step=0)
+    b, mb = step(s0, batch, step=0)
+    _, mc = step(s0._replace(step=s0.step + 1), batch, step=1)
+    assert _bits(a) == _bits(b) and _bits(ma) == _bits(mb)
+    assert float(ma["loss"]) != float(mc["loss"])  # forward GEMMs round to nearest: dropout
+    assert _bits(a.model_state) != _bits(s0.model_state)  # batch statistics moved
+
+    n = 2
+    straight = s0
+    for i in range(2 * n):
+        straight, _ = step(straight, batch, step=i)
+    half = s0
+    for i in range(n):
+        half, _ = step(half, batch, step=i)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(half)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        resumed = ckpt.restore(init_state(params, tx, 9, model_state=model_state))
+    for i in range(n, 2 * n):
+        resumed, _ = step(resumed, batch, step=i)
+    assert _bits(resumed) == _bits(straight)
+    assert step.num_compiled() == 1  # the restored state reuses the compiled step
+
+    nnx.update(model, straight.params, straight.model_state)  # back into the model
+    model.eval()
+    with fp4jax.flax.step_scope(jax.random.key(0)):
+        assert np.isfinite(np.asarray(model(batch["x"]))).all()
+
+
+def test_keys_and_step_numbers_are_checked():
+    """Raw (jax.random.PRNGKey) and typed keys are accepted alike; a bad key or a host
+    step number that disagrees with state.step is a clear error."""
+    with pytest.raises(TypeError, match="step_key must be a jax.random key"):
+        fp4jax.layer_key(0, "a")
+    raw, typed = jax.random.PRNGKey(3), jax.random.key(3)
+    assert np.array_equal(jax.random.key_data(fp4jax.layer_key(raw, "a")),
+                          jax.random.key_data(fp4jax.layer_key(typed, "a")))
+    tx = optax.sgd(1.0)
+    s_raw = init_state({"w": jnp.ones(2)}, tx, raw)
+    s = init_state({"w": jnp.ones(2)}, tx, typed)
+    assert _bits(s_raw.rng) == _bits(s.rng)
+    model = nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
+    f, p, ms = nnx_loss_fn(model, lambda m, x: jnp.sum(m(x)), has_state=True)
+    assert float(f(p, ms, jnp.ones((2, 4)), raw)[0]) == float(f(p, ms, jnp.ones((2, 4)), typed)[0])
+
+    step = TrainStep(lambda p, b: jnp.sum(p["w"] * b), tx)
+    with pytest.raises(ValueError, match=r"step=5 but state.step is 0"):
+        step(s, 1.0, step=5)
+    with pytest.raises(TypeError, match="step must be an int"):
+        step(s, 1.0, step="0")
+    s1, _ = step(s, 1.0, step=0)
+    s2, _ = step(s1, 1.0, step=1)
+    with pytest.raises(ValueError, match=r"step=1 but state.step is 2"):
+        step(s2, 1.0, step=1)
+    with pytest.raises(ValueError, match="has_state=True"):
+        TrainStep(lambda p, b: 0.0, tx)(init_state({"w": jnp.ones(2)}, tx, 0,
+                                                   model_state={"n": jnp.zeros(2)}), 1.0, step=0)

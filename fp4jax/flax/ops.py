@@ -5,6 +5,10 @@ layer stores as its ``dot_general`` / ``einsum_op``. It knows the layer's name a
 recipe; at call time it reads the open `fp4jax.flax.step_scope` for the step key
 (→ ``fp4jax.layer_key(step_key, name)``), the precision mode of the schedule and the
 diagnostics flag, then calls `fp4jax.dot_general`.
+
+Outside a step scope there is no key: the forward GEMM rounds to nearest and needs
+none, and `fp4jax.dot_general` raises only if a backward pass that rounds
+stochastically runs.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ class DotGeneral:
     """A layer's `fp4jax.dot_general`, keyed and scheduled by the step scope.
 
     Pass it where a layer takes a ``dot_general`` (``nnx.Linear``,
-    ``nnx.LinearGeneral``, ``linen.Dense(dot_general=...)``). Call the layer inside
-    `fp4jax.flax.step_scope` (the `fp4jax.train` step opens it).
+    ``nnx.LinearGeneral``, ``linen.Dense(dot_general=...)``). Train the layer inside
+    `fp4jax.flax.step_scope` (the `fp4jax.train` step opens it); inference works
+    outside one.
 
     Attributes:
       name: the layer's unique name; its SR key is ``fp4jax.layer_key(step_key, name)``.
@@ -74,26 +79,47 @@ class DotGeneral:
         out_sharding: Any = None,
     ) -> jax.Array:
         """`jax.lax.dot_general`-compatible call (see `fp4jax.dot_general`)."""
+        return self.call(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                         out_sharding=out_sharding)
+
+    def call(
+        self,
+        lhs: jax.typing.ArrayLike,
+        rhs: jax.typing.ArrayLike,
+        dimension_numbers: Any,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        *,
+        out_sharding: Any = None,
+        salt: jax.Array | None = None,
+    ) -> jax.Array:
+        """The call, with an optional ``salt`` folded into the SR key (a stacked layer's
+        index, traced: `fp4jax.flax.nnx.StackedDotGeneral`, `fp4jax.flax.linen`)."""
         scope = scope_lib.current_scope()
         recipe = scope_lib.apply_mode(self.recipe, scope.mode) if scope else self.recipe
         key = None
         if scope is not None and not recipe.is_bf16:
             call_id = scope.next_call(self.name)
-            key = scope.layer_key(call_id)
-            if scope.diagnostics and recipe.fprop_lhs.quantized:
+            key = scope.layer_key(call_id, salt)
+            # A stacked layer runs inside scan/vmap: its statistics would be values of
+            # that inner trace, unusable outside it, so it is not recorded.
+            if scope.diagnostics and recipe.fprop_lhs.quantized and salt is None:
                 scope.stats[call_id] = diagnostics.fprop_stats(
                     lhs, rhs, dimension_numbers, recipe, key
                 )
-        if recipe.needs_key and key is None:
-            raise ValueError(
-                f"layer {self.name!r} rounds gradients stochastically and needs a key: call it "
-                "inside `with fp4jax.flax.step_scope(step_key):` (opened inside your jitted "
-                "step; fp4jax.train does this)"
+        try:
+            return fp4_dot_general(
+                lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                out_sharding=out_sharding, recipe=recipe, key=key, impl=self.impl,
             )
-        return fp4_dot_general(
-            lhs, rhs, dimension_numbers, precision, preferred_element_type,
-            out_sharding=out_sharding, recipe=recipe, key=key, impl=self.impl,
-        )
+        except ValueError as e:
+            if key is None and recipe.needs_key:
+                raise ValueError(
+                    f"layer {self.name!r}: {e}. To train it, call it inside `with "
+                    "fp4jax.flax.step_scope(step_key):` (opened inside your jitted step; "
+                    "fp4jax.train does this)"
+                ) from e
+            raise
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,9 +163,28 @@ class Einsum:
         out_sharding: Any = None,
     ) -> jax.Array:
         """``jnp.einsum(subscripts, lhs, rhs)`` with the layer's NVFP4 dot_general."""
+        return self.call(subscripts, lhs, rhs, precision=precision,
+                         preferred_element_type=preferred_element_type,
+                         out_sharding=out_sharding)
+
+    def call(
+        self,
+        subscripts: str,
+        lhs: jax.typing.ArrayLike,
+        rhs: jax.typing.ArrayLike,
+        *,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        out_sharding: Any = None,
+        salt: jax.Array | None = None,
+    ) -> jax.Array:
+        """The call, with an optional SR ``salt`` (see `DotGeneral.call`)."""
+        op = DotGeneral(name=self.name, recipe=self.recipe, impl=self.impl)
+
+        def dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
+            return op.call(lhs, rhs, dimension_numbers, precision, salt=salt, **kwargs)
+
         return einsum_lib.einsum(
-            subscripts, lhs, rhs,
-            dot_general=DotGeneral(name=self.name, recipe=self.recipe, impl=self.impl),
-            precision=precision, preferred_element_type=preferred_element_type,
-            out_sharding=out_sharding,
+            subscripts, lhs, rhs, dot_general=dot_general, precision=precision,
+            preferred_element_type=preferred_element_type, out_sharding=out_sharding,
         )

@@ -7,20 +7,36 @@ the layer as it is, in high precision). Rules are tried in order; the first whos
 ``Policy.default``. Rules that matched no layer are listed in the `Report`.
 
 Presets (RECIPE.md §7): `keep_blocks` (first N / last M blocks in BF16) and
-`high_precision_rules` (embeddings, output head, norms, attention score/value
-products); `paper_policy` combines them.
+`high_precision_rules` (embeddings, output heads, norms, attention score/value
+products); `paper_policy` combines them and, with ``keep_last``, also keeps the
+model's last matmul layer (the one producing the logits) whatever its name.
+
+Layers fp4jax finds but does not quantize (convolutions, linen ``nn.Einsum``) are
+listed in the `Report` as "not supported: left as is": a report never hides a matmul
+that stays in high precision. Convolutions are not converted because the paper's
+recipe is defined for the GEMMs of linear layers (blocks along the contraction, the
+Hadamard transform along tokens for wgrad); a convolution is a GEMM only after an
+im2col that multiplies its memory traffic, and no result says how its SR/RHT
+choices should be made. linen ``nn.Einsum`` calls ``jnp.einsum`` directly and has no
+``dot_general`` to replace.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from fp4jax.recipe import Recipe
 
 ROOT_NAME = "root"
 """The path name of a layer that is itself the model root (its path is empty)."""
+
+NOT_SUPPORTED = "not supported: left as is"
+"""The `Decision.note` of a matmul-like layer fp4jax does not convert."""
+
+KEPT_LAST = "last matmul layer: kept in high precision (keep_last)"
+"""The `Decision.note` of the layer ``Policy.keep_last`` kept out of NVFP4."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,15 +112,21 @@ class Decision:
 
     Attributes:
       path: the module path.
-      kind: the layer type (``"Linear"``, ``"LinearGeneral"``, ``"Einsum"``, ...).
-      rule: index of the matching rule, or None when the default applied.
+      kind: the layer type (``"Linear"``, ``"LinearGeneral"``, ``"Einsum"``, ``"Conv"``, ...).
+      rule: index of the matching rule, or None when the default applied (or the
+        layer is not supported, or ``keep_last`` kept it).
       recipe: the chosen recipe; None leaves the layer unchanged.
+      supported: whether fp4jax can convert this kind of layer at all.
+      note: why, when neither a rule nor the default decided (`NOT_SUPPORTED`,
+        `KEPT_LAST`); empty otherwise.
     """
 
     path: str
     kind: str
     rule: int | None
     recipe: Recipe | None
+    supported: bool = True
+    note: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,21 +155,33 @@ class Report:
 
     @property
     def high_precision(self) -> tuple[str, ...]:
-        """Paths of the layers left unchanged or set to BF16."""
-        return tuple(d.path for d in self.decisions if d.recipe is None or d.recipe.is_bf16)
+        """Paths of the supported layers left unchanged or set to BF16."""
+        return tuple(
+            d.path for d in self.decisions
+            if d.supported and (d.recipe is None or d.recipe.is_bf16)
+        )
+
+    @property
+    def unsupported(self) -> tuple[str, ...]:
+        """Paths of the matmul-like layers fp4jax cannot convert (left as they are)."""
+        return tuple(d.path for d in self.decisions if not d.supported)
 
     def __str__(self) -> str:
         width = max([4] + [len(d.path) for d in self.decisions])
         lines = [f"{'path':<{width}}  {'kind':<13}  {'rule':>4}  recipe"]
         for d in self.decisions:
             rule = "-" if d.rule is None else str(d.rule)
-            lines.append(f"{d.path:<{width}}  {d.kind:<13}  {rule:>4}  {recipe_name(d.recipe)}")
+            recipe = "-" if not d.supported else recipe_name(d.recipe)
+            note = f"  ({d.note})" if d.note else ""
+            lines.append(f"{d.path:<{width}}  {d.kind:<13}  {rule:>4}  {recipe}{note}")
+        skipped = f", {len(self.unsupported)} {NOT_SUPPORTED}" if self.unsupported else ""
         lines.append(
-            f"{len(self.quantized)} of {len(self.decisions)} matmul layers quantized"
+            f"{len(self.quantized)} of {len(self.decisions)} matmul layers quantized{skipped}"
         )
-        for r in self.unused_rules:
-            kind = "unused optional rule" if r.optional else "unused rule"
-            lines.append(f"{kind}: {r.pattern!r} -> {recipe_name(r.recipe)}")
+        for r in self.unexpected_unused:
+            lines.append(f"unused rule: {r.pattern!r} -> {recipe_name(r.recipe)}")
+        if n := len(self.unused_rules) - len(self.unexpected_unused):
+            lines.append(f"{n} optional preset rule(s) matched no layer (see unused_rules)")
         return "\n".join(lines)
 
 
@@ -158,6 +192,10 @@ class Policy:
     Attributes:
       rules: the `Rule`\\ s, tried in order.
       default: the recipe for layers no rule matches (None: leave them unchanged).
+      keep_last: leave the model's last matmul layer (the one producing the logits)
+        unchanged when no rule matches it, whatever its name. "Last" is the last in
+        definition order for nnx models (`fp4jax.flax.nnx.quantize`) and the last
+        called for linen (`fp4jax.flax.linen.quantize` with ``layers=``).
 
     Example:
       >>> import fp4jax
@@ -171,6 +209,7 @@ class Policy:
 
     rules: tuple[Rule, ...] = ()
     default: Recipe | None = dataclasses.field(default_factory=Recipe.nvfp4)
+    keep_last: bool = False
 
     def __post_init__(self):
         rules = tuple(self.rules)
@@ -183,6 +222,8 @@ class Policy:
                 "Policy default must be an fp4jax.Recipe or None, got "
                 f"{type(self.default).__name__}"
             )
+        if not isinstance(self.keep_last, bool):
+            raise TypeError(f"Policy keep_last must be a bool, got {self.keep_last!r}")
 
     def match(self, path: str) -> tuple[int | None, Recipe | None]:
         """(index of the first matching rule or None, the recipe for ``path``)."""
@@ -191,15 +232,43 @@ class Policy:
                 return i, r.recipe
         return None, self.default
 
-    def decide(self, layers: Iterable[tuple[str, str]]) -> Report:
-        """Decides every ``(path, kind)`` layer; see `Report`."""
-        decisions = []
-        for path, kind in layers:
-            i, recipe = self.match(path)
-            decisions.append(Decision(path=path, kind=kind, rule=i, recipe=recipe))
+    def decide_one(self, path: str, kind: str, *, supported: bool = True,
+                   last: bool = False) -> Decision:
+        """The `Decision` for one layer; ``last``: it is the model's last matmul layer."""
+        if not supported:
+            return Decision(path=path, kind=kind, rule=None, recipe=None, supported=False,
+                            note=NOT_SUPPORTED)
+        i, recipe = self.match(path)
+        if last and self.keep_last and i is None and recipe is not None:
+            return Decision(path=path, kind=kind, rule=None, recipe=None, note=KEPT_LAST)
+        return Decision(path=path, kind=kind, rule=i, recipe=recipe)
+
+    def report(self, decisions: Iterable[Decision]) -> Report:
+        """The `Report` of ``decisions`` (the rules none of them used are unused)."""
+        decisions = tuple(decisions)
         used = {d.rule for d in decisions}
         unused = tuple(r for i, r in enumerate(self.rules) if i not in used)
-        return Report(decisions=tuple(decisions), unused_rules=unused)
+        return Report(decisions=decisions, unused_rules=unused)
+
+    def decide(
+        self,
+        layers: Iterable[tuple[str, str]],
+        *,
+        last: str | None = None,
+        unsupported: Collection[str] = (),
+    ) -> Report:
+        """Decides every ``(path, kind)`` layer; see `Report`.
+
+        Args:
+          layers: the matmul-like layers, in the order the report lists them.
+          last: the path of the model's last matmul layer (for ``keep_last``).
+          unsupported: paths of layers fp4jax cannot convert (reported, not matched).
+        """
+        unsupported = set(unsupported)
+        return self.report(
+            self.decide_one(path, kind, supported=path not in unsupported, last=path == last)
+            for path, kind in layers
+        )
 
 
 def keep_blocks(
@@ -239,25 +308,37 @@ def keep_blocks(
     return (Rule(pattern=f"{block_pattern}(?:{'|'.join(map(str, idx))})\\..*", recipe=recipe),)
 
 
+HEAD_NAMES: tuple[str, ...] = (
+    r"lm_head", r"\w+_head", r"\w*logits?\w*", r"unembed\w*", r"output_layer", r"classifier",
+)
+"""Regexes for an output-head layer's own name, anywhere in the model (Flax's lm1b
+``logitdense``, the nnx MiniGPT's ``output_layer``, ``lm_head``, ``cls_head``, ...)."""
+
+TOP_LEVEL_HEAD_NAMES: tuple[str, ...] = (r"head", r"output", r"out", r"fc")
+"""Names that mean "output head" only at the top level (``blocks.0.attn.output`` is not)."""
+
+
 def high_precision_rules(*, recipe: Recipe | None = None) -> tuple[Rule, ...]:
-    """Rules keeping embeddings, the output head, norms and attention score/value
+    """Rules keeping embeddings, output heads, norms and attention score/value
     products out of NVFP4 (RECIPE.md §7).
 
     Embedding lookups and norms are not matmul layers, so these rules only act on
-    matmul layers named like them (an ``lm_head``/``unembed*``/``logits`` projection
-    anywhere, a top-level ``head``/``output``, a ``*embed*`` projection, anything under a ``*norm*``
-    module, and einsum layers named for attention scores or values: ``qk``, ``scores``,
-    ``attn_weights``, ``pv``, ``av``). The score/value products of
-    ``nnx.MultiHeadAttention`` are not layers and stay in high precision anyway.
+    matmul layers named like them: an output head anywhere (`HEAD_NAMES`: ``lm_head``,
+    ``*_head``, ``*logit*``, ``unembed*``, ``output_layer``, ``classifier``), a
+    top-level ``head``/``output``/``out``/``fc``, a ``*embed*`` projection, anything
+    under a ``*norm*`` module, and einsum layers named for attention scores or values
+    (``qk``, ``scores``, ``attn_weights``, ``pv``, ``av``). The score/value products of
+    ``nnx.MultiHeadAttention`` are not layers and stay in high precision anyway. A head
+    with another name is caught by ``Policy.keep_last`` (on in `paper_policy`).
 
     Example:
       >>> from fp4jax.flax import Policy, high_precision_rules
       >>> p = Policy(rules=high_precision_rules())
-      >>> [p.match(x)[1] is None for x in ("lm_head", "blocks.0.attn.query", "tok_embed")]
+      >>> [p.match(x)[1] is None for x in ("logitdense", "blocks.0.attn.query", "tok_embed")]
       [True, False, True]
     """
     patterns = (
-        r"(?:.*\.)?(?:lm_head|unembed\w*|logits)|head|output",
+        rf"(?:.*\.)?(?:{'|'.join(HEAD_NAMES)})|{'|'.join(TOP_LEVEL_HEAD_NAMES)}",
         r"(?:.*\.)?\w*embed\w*(?:\..*)?",
         r"(?:.*\.)?\w*norm\w*(?:\..*)?",
         r"(?:.*\.)?(?:qk|scores?|attn_weights|pv|av|attn_values?)",
@@ -272,11 +353,14 @@ def paper_policy(
     last: int = 0,
     recipe: Recipe | None = None,
     extra_rules: Sequence[Rule] = (),
+    keep_last: bool = True,
 ) -> Policy:
     """NVFP4 everywhere except the high-precision parts and the kept blocks.
 
     ``extra_rules`` come first (they win). The paper kept the first 2 and last 8 of
-    62 blocks at 12B and the last 4 at 1.2B–8B (RECIPE.md §7).
+    62 blocks at 12B and the last 4 at 1.2B–8B (RECIPE.md §7). With ``keep_last``
+    (the default) the model's last matmul layer stays in high precision even when its
+    name is not a known head name (unless a rule names it); the report says so.
 
     Example:
       >>> from fp4jax.flax import paper_policy
@@ -288,4 +372,4 @@ def paper_policy(
     rules = tuple(extra_rules) + high_precision_rules() + keep_blocks(
         first=first, last=last, num_blocks=num_blocks
     )
-    return Policy(rules=rules, default=recipe)
+    return Policy(rules=rules, default=recipe, keep_last=keep_last)

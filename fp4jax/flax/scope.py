@@ -15,9 +15,14 @@ While the scope is open, each fp4jax layer (`fp4jax.flax.DotGeneral`, the nnx/li
 adapters) derives its key as ``fp4jax.layer_key(step_key, layer_name)`` — different
 per layer and per step, and a pure function of the step key, so runs are
 reproducible. A layer called ``i > 0`` times more within one scope (weight sharing)
-folds ``i`` in again. The scope is a `contextvars.ContextVar` set on entry and reset
+folds ``i`` in again, and each of several stacked copies of a layer (``nnx.scan``,
+``nnx.vmap``, linen ``nn.scan``) folds in its own index (see `fp4jax.flax.nnx` and
+`fp4jax.flax.linen`). The scope is a `contextvars.ContextVar` set on entry and reset
 on exit: it carries nothing across ``jit`` boundaries and nothing from one step to
 the next. `fp4jax.train` opens it for you.
+
+Outside a scope a layer has no key: its forward pass (which rounds to nearest) works,
+and only a backward pass that rounds stochastically raises.
 
 Rule: open the scope **inside** the jitted function, so the key is a traced value.
 A scope opened outside a ``jit`` around a jitted model would bake the key into the
@@ -33,7 +38,6 @@ from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 import jax
-import jax.numpy as jnp
 
 from fp4jax import keys
 from fp4jax.recipe import Recipe
@@ -81,17 +85,12 @@ def apply_mode(recipe: Recipe, mode: Mode) -> Recipe:
 def _check_key(key: Any) -> jax.Array | None:
     if key is None:
         return None
-    if not isinstance(key, jax.Array) or not (
-        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-        or (key.dtype == jnp.uint32 and key.shape == (2,))
-    ):
+    try:
+        return keys.check_key(key, "step_scope key")
+    except TypeError as e:
         raise TypeError(
-            "step_scope needs a jax.random key (e.g. jax.random.fold_in(run_key, step)), "
-            f"got {type(key).__name__} {getattr(key, 'dtype', '')}"
-        )
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.shape != ():
-        raise ValueError(f"step_scope needs a single key, got a key array of shape {key.shape}")
-    return key
+            f"{e}; step_scope needs a jax.random key (e.g. jax.random.fold_in(run_key, step))"
+        ) from None
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -99,8 +98,8 @@ class Scope:
     """The state of one open `step_scope` (trace-time only).
 
     Attributes:
-      key: the step key, or None (then layers whose recipe rounds stochastically
-        raise).
+      key: the step key, or None (then a backward pass that rounds stochastically
+        raises).
       mode: the precision `Mode` applied to every layer's recipe.
       diagnostics: whether layers record quantization statistics (`fp4jax.diagnostics`).
       stats: per-layer statistics recorded while ``diagnostics`` is on, keyed by
@@ -119,13 +118,15 @@ class Scope:
         self._calls[name] = i + 1
         return name if i == 0 else f"{name}#{i}"
 
-    def layer_key(self, call_id: str) -> jax.Array | None:
-        """``fp4jax.layer_key(key, name)``, folded with ``i`` for call ``name#i``."""
+    def layer_key(self, call_id: str, salt: jax.Array | None = None) -> jax.Array | None:
+        """``fp4jax.layer_key(key, name)``, folded with ``i`` for call ``name#i``, then
+        with ``salt`` if given (a stacked layer's index, see `fp4jax.flax.nnx.SRIndex`)."""
         if self.key is None:
             return None
         name, _, i = call_id.partition("#")
         k = keys.layer_key(self.key, name)
-        return jax.random.fold_in(k, int(i)) if i else k
+        k = jax.random.fold_in(k, int(i)) if i else k
+        return k if salt is None else jax.random.fold_in(k, salt)
 
 
 _CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
@@ -140,9 +141,9 @@ def step_scope(
     """Opens the scope in which fp4jax layers find their SR keys and precision mode.
 
     Args:
-      key: the step key (``jax.random.fold_in(run_key, step)``); each layer uses
-        ``fp4jax.layer_key(key, its_name)``. None only for recipes without
-        stochastic rounding.
+      key: the step key (``jax.random.fold_in(run_key, step)``; typed or raw); each
+        layer uses ``fp4jax.layer_key(key, its_name)``. None for forward passes and
+        recipes without stochastic rounding.
       mode: a `Mode` applied to every layer's recipe (the precision schedule).
       diagnostics: record per-layer quantization statistics into ``Scope.stats``.
 
