@@ -27,9 +27,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-
 import data as data_lib  # noqa: E402
+import jax  # noqa: E402
 import train_llama as tl  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 

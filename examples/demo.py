@@ -13,9 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-
 import compare  # noqa: E402
+import jax  # noqa: E402
 
 CPU_PRESET = dict(dim=128, layers=2, heads=2, batch=8, seq=128, steps=150,
                   time_budget_s=0, evals=3, eval_batches=8, log_every=25)

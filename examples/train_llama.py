@@ -26,17 +26,17 @@ from typing import Any, NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import data as data_lib  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
+from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 
-import data as data_lib  # noqa: E402
 import fp4jax  # noqa: E402
 from fp4jax import diagnostics, metrics_log  # noqa: E402
 from fp4jax import train as train_lib  # noqa: E402
-from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 
 RECIPES = {
     "bf16": None,  # the plain, unconverted model
@@ -367,7 +367,8 @@ def describe(summary: dict[str, Any]) -> str:
     """Human-readable result lines."""
     nan = float("nan")
     return (
-        f"[{summary.get('name', summary['recipe'])}] {summary['steps']} steps, {summary['tokens_seen'] / 1e6:.2f}M "
+        f"[{summary.get('name', summary['recipe'])}] {summary['steps']} steps, "
+        f"{summary['tokens_seen'] / 1e6:.2f}M "
         f"tokens = {summary['epochs']:.4f} epochs; final val {summary['final_val_bpb']:.4f} "
         f"bits/byte; {(summary['step_time_s'] or nan) * 1e3:.1f} ms/step "
         f"(first step {summary['first_step_s'] or nan:.1f}s)"

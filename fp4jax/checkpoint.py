@@ -113,7 +113,8 @@ def _check_template(stored: dict[str, Any], template: dict[str, Any], step: int)
     only_stored = sorted(set(stored) - set(template))
     only_template = sorted(set(template) - set(stored))
     if only_stored or only_template:
-        show = lambda names: ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+        def show(names):
+            return ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
         raise ValueError(
             f"checkpoint step {step} does not fit the template (another optimizer or model?): "
             f"only in the checkpoint: [{show(only_stored)}]; only in the template: "
@@ -309,7 +310,7 @@ class Checkpointer:
         """Waits for pending saves and releases resources."""
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -150,7 +150,7 @@ class MetricsLogger:
                 f.close()
         self._jsonl = self._tb = None
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -179,7 +179,7 @@ class GemmShardings:
     wgrad: jax.sharding.PartitionSpec | None = None
 
     @classmethod
-    def of(cls, a: jax.Array, b: jax.Array) -> "GemmShardings":
+    def of(cls, a: jax.Array, b: jax.Array) -> GemmShardings:
         sa, sb = explicit_spec(a), explicit_spec(b)
         if sa is None and sb is None:
             return cls()

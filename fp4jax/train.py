@@ -166,7 +166,7 @@ class PrecisionSchedule:
             raise ValueError(f"switch_step must be None or an int >= 0, got {s!r}")
 
     @classmethod
-    def bf16_forward_tail(cls, *, total_steps: int, fraction: float) -> "PrecisionSchedule":
+    def bf16_forward_tail(cls, *, total_steps: int, fraction: float) -> PrecisionSchedule:
         """Forward GEMMs in BF16 for the last ``fraction`` of ``total_steps``."""
         if not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")

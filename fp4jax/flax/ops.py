@@ -19,9 +19,9 @@ from typing import Any
 import jax
 
 from fp4jax import diagnostics
-from fp4jax.quantized_dot import dot_general as fp4_dot_general
 from fp4jax.flax import einsum as einsum_lib
 from fp4jax.flax import scope as scope_lib
+from fp4jax.quantized_dot import dot_general as fp4_dot_general
 from fp4jax.recipe import Recipe
 
 
