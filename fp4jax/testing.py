@@ -42,18 +42,17 @@ import numpy as np
 import fp4jax
 
 # Format constants (RECIPE.md §1); the lead points these at the constants table.
-BLOCK = 16  # elements per block, and the side of a 2D tile
-E2M1_MAX = 6.0  # largest E2M1 magnitude
-E4M3_MIN_NORMAL = 2.0**-6  # smallest normal float8_e4m3fn; below it steps are 2**-9
-E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # largest rounding error of a subnormal E4M3 scale
-FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32 (XLA:CPU flushes below)
-NEGATIVE_ZERO_CODE = 8  # E2M1 code of −0: a tiny negative value rounded to zero
-SIGN_BIT = 8
+_BLOCK = 16  # elements per block, and the side of a 2D tile
+_E2M1_MAX = 6.0  # largest E2M1 magnitude
+_E4M3_MIN_NORMAL = 2.0**-6  # smallest normal float8_e4m3fn; below it steps are 2**-9
+_E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # largest rounding error of a subnormal E4M3 scale
+_FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32 (XLA:CPU flushes below)
+_SIGN_BIT = 8  # bit 3 of an E2M1 code
 
 # fp4jax.dot_general draws each GEMM operand's stochastic-rounding bits from
 # jax.random.fold_in(key, role_id); copied from fp4jax/dot_general.py (_ROLE_IDS), to be
 # exposed publicly.
-ROLE_IDS = {
+_ROLE_IDS = {
     "fprop_lhs": 0,
     "fprop_rhs": 1,
     "dgrad_grad": 2,
@@ -88,9 +87,9 @@ def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _block_of(idx: tuple[int, ...], q: fp4jax.NVFP4Array) -> tuple[int, ...]:
     """The block (1D) or tile (2D) index of element ``idx``: its scale's index."""
     b = list(idx)
-    b[q.axis] //= BLOCK
+    b[q.axis] //= _BLOCK
     if q.block_2d:
-        b[q.tile_axis] //= BLOCK
+        b[q.tile_axis] //= _BLOCK
     return tuple(b)
 
 
@@ -108,7 +107,7 @@ def _per_element(per_block: np.ndarray, q: fp4jax.NVFP4Array) -> np.ndarray:
     out = per_block
     for a in (q.axis, q.tile_axis):
         if a is not None:
-            out = np.take(np.repeat(out, BLOCK, axis=a), np.arange(q.shape[a]), axis=a)
+            out = np.take(np.repeat(out, _BLOCK, axis=a), np.arange(q.shape[a]), axis=a)
     return out
 
 
@@ -197,11 +196,11 @@ def quantization_error_bound(
       own rounding error (up to 2⁻¹⁰) lets elements exceed the block's range
       ``6·s·gds`` by up to ``6·2⁻¹⁰·gds`` (they clamp to ±6, or decode to 0 when
       ``s = 0``); that much is added.
-    * **float32 range**: a block whose decode step ``s·gds`` is below the smallest
-      normal float32 decodes to values XLA:CPU flushes to zero (the GPU does not),
-      so ``7·FLT_MIN`` is added everywhere; if ``gds`` itself is not a normal float32
-      (tensor amax below ``2688·FLT_MIN ≈ 3.2e-35``) the scales are meaningless and
-      the bound is the trivial ``|x| + 6·s·gds``.
+    * **float32 range**: a block whose decode step ``s·gds`` is below ``FLT_MIN``
+      (the smallest normal float32) decodes to values XLA:CPU flushes to zero (the
+      GPU does not), so ``7·FLT_MIN`` is added everywhere; if ``gds`` itself is not a
+      normal float32 (tensor amax below ``2688·FLT_MIN ≈ 3.2e-35``) the scales are
+      meaningless and the bound is the trivial ``|x| + 6·s·gds``.
     * float32 rounding of the scale products: a relative ``2⁻¹⁸``.
 
     Args:
@@ -228,12 +227,12 @@ def quantization_error_bound(
     s, step, gds = _decode_steps(q)
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(step > 0, ref / step, np.inf)
-    spacing = _grid_spacing(np.minimum(u * (1 + _F32_SLACK), E2M1_MAX))
+    spacing = _grid_spacing(np.minimum(u * (1 + _F32_SLACK), _E2M1_MAX))
     bound = step * (spacing if rounding == "stochastic" else spacing / 2)
-    bound = bound + np.where(s < E4M3_MIN_NORMAL, E2M1_MAX * E4M3_HALF_SUBNORMAL_STEP * gds, 0.0)
-    bound = bound * (1 + _F32_SLACK) + ref * _F32_SLACK + 7 * FLT_MIN
-    if not gds >= FLT_MIN:
-        bound = ref + E2M1_MAX * step * (1 + _F32_SLACK) + 7 * FLT_MIN
+    bound = bound + np.where(s < _E4M3_MIN_NORMAL, _E2M1_MAX * _E4M3_HALF_SUBNORMAL_STEP * gds, 0.0)
+    bound = bound * (1 + _F32_SLACK) + ref * _F32_SLACK + 7 * _FLT_MIN
+    if not gds >= _FLT_MIN:
+        bound = ref + _E2M1_MAX * step * (1 + _F32_SLACK) + 7 * _FLT_MIN
     return bound
 
 
@@ -282,11 +281,13 @@ def assert_quantization_error_bounded(
     q = _options(x, q, axis, block_2d, hadamard, rounding, key, hadamard_signs)
     xhat = _decode(q).values
     nonfinite = ~np.isfinite(_f64(x))
-    if nonfinite.any() or np.isnan(float(q.amax)):
+    if not nonfinite.any() and np.isnan(float(q.amax)):
+        raise AssertionError("x is finite but q.amax is NaN: every element decodes to NaN")
+    if nonfinite.any():
         ok = np.isnan(xhat)
-        if nonfinite.any() and ok.all():
+        if ok.all():
             return
-        first = _index(int(np.argmax(nonfinite)), x.shape) if nonfinite.any() else None
+        first = _index(int(np.argmax(nonfinite)), x.shape)
         bad = _index(int(np.argmin(ok)), x.shape)
         raise AssertionError(
             f"non-finite input handling: x has {int(nonfinite.sum())} non-finite elements "
@@ -302,7 +303,7 @@ def assert_quantization_error_bounded(
     idx = _index(int(np.argmax(ratio)), x.shape)
     s, step, gds = _decode_steps(q)
     ref = _reference(x, q, hadamard_signs)
-    kind = ("zero" if s[idx] == 0 else "E4M3-subnormal" if s[idx] < E4M3_MIN_NORMAL
+    kind = ("zero" if s[idx] == 0 else "E4M3-subnormal" if s[idx] < _E4M3_MIN_NORMAL
             else "normal")
     hint = ""
     if step[idx] > 0 and abs(ref[idx]) / step[idx] > 7:
@@ -363,17 +364,18 @@ def assert_roundtrip_idempotent(q: fp4jax.NVFP4Array) -> None:
         return
     chex.assert_shape([q2.data, q2.scales], [q.data.shape, q.scales.shape])
     d2 = _decode(q2)
-    checked = d.scales >= E4M3_MIN_NORMAL  # per element: normal E4M3 block scale
+    checked = d.scales >= _E4M3_MIN_NORMAL  # per element: normal E4M3 block scale
     zero = d.scales == 0
     changed = (_bits(d.scales.astype(np.float32)) != _bits(d2.scales.astype(np.float32)))
     bad = np.argwhere(changed & (checked | zero))
     if bad.size:
         idx = tuple(int(i) for i in bad[0])
         block = _block_of(idx, q)
+        blocked = (q.axis, q.tile_axis)
         in_block = np.all(np.stack([
-            (np.indices(q.shape)[a] // (BLOCK if a in (q.axis, q.tile_axis) else 1)) == block[a]
+            np.indices(q.shape)[a] // (_BLOCK if a in blocked else 1) == block[a]
             for a in range(q.ndim)]), axis=0)
-        top = int((d.codes[in_block] & (SIGN_BIT - 1)).max())
+        top = int((d.codes[in_block] & (_SIGN_BIT - 1)).max())
         hint = "" if top == 7 else (
             f"; the block's largest code magnitude is {top}, not 7 (6.0): round-to-nearest "
             "always rounds a block's largest element to ±6 — was q stochastically rounded?")
@@ -382,7 +384,7 @@ def assert_roundtrip_idempotent(q: fp4jax.NVFP4Array) -> None:
             f"block {block} along axis {q.axis}: scale {d.scales[idx]!r} requantized to "
             f"{d2.scales[idx]!r}{hint}"
         )
-    magnitude = lambda c: c & (SIGN_BIT - 1)  # noqa: E731
+    magnitude = lambda c: c & (_SIGN_BIT - 1)  # noqa: E731
     c1, c2 = d.codes, d2.codes
     same = np.where(zero, magnitude(c2) == 0,
                     (c1 == c2) | ((magnitude(c1) == 0) & (magnitude(c2) == 0)))
@@ -442,15 +444,15 @@ def assert_sign_symmetric(
                 f"{np.asarray(b.astype(jnp.float32))[where]!r}")
     c, cn = _decode(q).codes, _decode(qn).codes
     ref = np.abs(_reference(x, q, hadamard_signs))
-    zero_like = ~(ref >= FLT_MIN)  # ±0, subnormal, NaN (inf: rht/abs give inf or NaN)
+    zero_like = ~(ref >= _FLT_MIN)  # ±0, subnormal, NaN (inf: rht/abs give inf or NaN)
     zero_like |= ~np.isfinite(_f64(x)) if not hadamard else ~np.isfinite(ref)
-    ok = (cn == c ^ SIGN_BIT) | (zero_like & (cn == c))
+    ok = (cn == c ^ _SIGN_BIT) | (zero_like & (cn == c))
     if not ok.all():
         idx = _index(int(np.argmin(ok)), x.shape)
         raise AssertionError(
             f"sign symmetry broken at {int((~ok).sum())} of {ok.size} elements; first: "
             f"{_describe(idx, q)}: x={_reference(x, q, hadamard_signs)[idx]!r} has code "
-            f"{int(c[idx])} but -x has code {int(cn[idx])} (expected {int(c[idx] ^ SIGN_BIT)})"
+            f"{int(c[idx])} but -x has code {int(cn[idx])} (expected {int(c[idx] ^ _SIGN_BIT)})"
         )
 
 
@@ -537,10 +539,10 @@ def stochastic_rounding_target(
                         hadamard_signs=hadamard_signs)
     ref = _reference(x, q, hadamard_signs)
     _, f, _ = _decode_steps(q)
-    expected = np.sign(ref) * np.minimum(np.abs(ref), E2M1_MAX * f)
+    expected = np.sign(ref) * np.minimum(np.abs(ref), _E2M1_MAX * f)
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(f > 0, np.abs(ref) / f, 0.0)
-    step = f * _grid_spacing(np.minimum(u, E2M1_MAX))
+    step = f * _grid_spacing(np.minimum(u, _E2M1_MAX))
     return jnp.asarray(expected, jnp.float32), jnp.asarray(step, jnp.float32)
 
 
@@ -696,7 +698,7 @@ class _Canonical:
 
 def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
     widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, -x.shape[axis] % BLOCK)
+    widths[axis] = (0, -x.shape[axis] % _BLOCK)
     return jnp.pad(x, widths)
 
 
@@ -713,10 +715,10 @@ def rebuild_gemms(
     Per RECIPE.md §6 and the `fp4jax.Recipe`: operands are brought to ``(B, M, K) ×
     (B, K, N)``; each NVFP4 operand is ``fp4jax.quantize``-d along its GEMM's
     contraction axis with its role's options (Hadamard operands zero-padded to whole
-    16-runs; stochastic ones keyed ``fold_in(key, ROLE_IDS[role])``), dgrad reuses
-    fprop's 16×16-tiled weight when the recipe gives both the same tiled operand, and
-    each GEMM is ``fp4jax.matmul`` (or a float32-accumulated ``lax.dot_general`` for a
-    bf16 GEMM).
+    16-runs; stochastic ones keyed ``fold_in(key, role_id)`` with `fp4jax.dot_general`'s
+    role numbers), dgrad reuses fprop's 16×16-tiled weight when the recipe gives both
+    the same tiled operand, and each GEMM is ``fp4jax.matmul`` (or a float32-accumulated
+    ``lax.dot_general`` for a bf16 GEMM).
 
     Returns:
       ``{"fprop": y, "dgrad": d_lhs, "wgrad": d_rhs}`` in the shapes and dtypes
@@ -735,7 +737,7 @@ def rebuild_gemms(
             t = _pad_to_block(t, axis)
         return fp4jax.quantize(
             t, axis=axis, block_2d=op.block_2d, rounding=op.rounding,
-            key=jax.random.fold_in(key, ROLE_IDS[role]) if op.stochastic else None,
+            key=jax.random.fold_in(key, _ROLE_IDS[role]) if op.stochastic else None,
             hadamard=op.hadamard, hadamard_signs=r.hadamard_signs if op.hadamard else None)
 
     def gemm(u, v):  # (B, M, K) x (B, K, N) -> float32

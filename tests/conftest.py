@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "ci",
     derandomize=True,
-    max_examples=8,
+    max_examples=6,
     deadline=None,
     database=None,
     print_blob=True,

@@ -164,7 +164,7 @@ def test_rht_is_the_rounded_orthogonal_transform(shape, dtype, data):
     scale = np.moveaxis(np.repeat(np.abs(runs).max(-1), 16, -1).reshape(xf.shape), -1, axis)
     eps = float(jnp.finfo(dtype).eps)
     tiny = float(jnp.finfo(dtype).smallest_subnormal)
-    bound = np.abs(exact) * eps / 2 + scale * 2.0**-19 + tiny + fpt.FLT_MIN
+    bound = np.abs(exact) * eps / 2 + scale * 2.0**-19 + tiny + float(np.finfo(np.float32).tiny)
     err = np.abs(np.asarray(y, np.float64) - exact)
     assert (err <= bound).all(), (
         f"rht off by {err.max():.3g} at {np.unravel_index(err.argmax(), err.shape)}, "
@@ -213,7 +213,7 @@ DOT_CASES = (
 )
 
 
-@budget(0.4)
+@budget(0.5)
 @given(st.sampled_from(DOT_CASES), st.sampled_from(RECIPES),
        st.sampled_from((jnp.float32, jnp.bfloat16)), st.integers(0, 2**31 - 1), st.data())
 def test_dot_general_fwd_bwd_conform_to_recipe(case, recipe, dtype, seed, data):
