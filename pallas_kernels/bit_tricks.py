@@ -9,9 +9,9 @@ in the same order, so nothing can be elided or contracted into a different round
 * `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output).
 * `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick.
 * `nibble_nearest` / `nibble_stochastic`: the E2M1 code by a magic-number addition
-  whose result bits are the code.
-* `hash_u24` / `sr_key_words`: the counter-based stochastic-rounding bits of
-  `fp4jax.numerics.random_bits`.
+  whose result bits are the code; stochastic rounding from 8 random bits per element.
+* `hash32` / `sr_key_words` / `sr_byte`: the counter-based stochastic-rounding bits of
+  `fp4jax.numerics.random_bits` (one 32-bit hash per 4 elements, one byte each).
 * `rht16_butterfly`: the 16-point fast Walsh-Hadamard butterfly of
   `fp4jax.numerics.hadamard.rht`, over 16 separate register arrays.
 
@@ -135,33 +135,49 @@ def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def nibble_stochastic(x: jax.Array, enc: jax.Array, u24: jax.Array) -> jax.Array:
-    """E2M1 code of ``x * enc`` by the reference's stochastic rounding.
+def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
+    """E2M1 code of ``x * enc`` by the reference's stochastic rounding (8 random bits).
 
-    With spacing ``h`` (0.5, 1, 2) at ``a``, rounds up iff ``u24 < frac * 2**24`` where
-    ``frac = (a - floor(a / h) * h) / h``; all steps are exact.
+    With spacing ``h`` (0.5, 1, 2) at ``a = min(|x * enc|, 6)`` and ``frac = (a - floor(a /
+    h) * h) / h``, rounds up iff ``float32(2 * u8 + 1) < frac * 512``, as
+    `fp4jax.numerics.rounding.e2m1_code_stochastic`. Every float operation is exact:
+    ``a / h`` is a product with a power of two, ``frac`` a difference of nearby values,
+    ``* 512`` a power of two and ``2 * u8 + 1 <= 511`` an integer, so no contraction or
+    reordering by a compiler can change a bit.
+
+    Args:
+      x: float32 values; enc: their float32 encode scales.
+      u8: uint32 random bytes in ``[0, 256)``, one per element (`sr_byte`).
     """
     v = x * enc
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
     e = jnp.maximum(_u32(a) >> 23, _U32(127))  # 127 + k, k = 0, 1, 2
-    t = a * _f32((_U32(255) - e) << 23)  # a / h * 0.5... = a * 2**(1-k), exact, in [0, 4)
+    t = a * _f32((_U32(255) - e) << 23)  # a / h = a * 2**(1-k), exact, in [0, 4)
     n = _u32(t + 8388608.0) - _U32(0x4B000000)  # RNE(t) as an integer (t < 4)
     lo = n - jnp.where(n.astype(_F32) > t, _U32(1), _U32(0))  # floor(t)
     frac = t - lo.astype(_F32)
-    up = u24.astype(_F32) < frac * 16777216.0
+    up = ((u8 << 1) | _U32(1)).astype(_F32) < frac * np.float32(512.0)
     mag = lo + ((e - _U32(127)) << 1) + jnp.where(up, _U32(1), _U32(0))
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def hash_u24(k0, k1, k2, index):
-    """`fp4jax.numerics.random_bits.hash_bits` >> 8, with ``k2 = k0 * 0x9E3779B9``."""
-    h = random_bits.mix32(index ^ k0)
+def hash32(k0, k1, k2, counter):
+    """`fp4jax.numerics.random_bits.hash_bits` of a uint32 counter, with ``k2 = k0 * 0x9E3779B9``
+    precomputed (`sr_key_words`): the 32 random bits of four elements."""
+    h = random_bits.mix32(counter ^ k0)
     h = random_bits.mix32(h + k1)
-    return random_bits.mix32(h ^ k2) >> 8
+    return random_bits.mix32(h ^ k2)
+
+
+def sr_byte(word: jax.Array, i: int) -> jax.Array:
+    """Byte ``i`` (0..3, static) of uint32 words: element ``4j + i``'s bits in word ``j``."""
+    if i == 3:
+        return word >> 24
+    return (word >> (8 * i) if i else word) & _U32(0xFF)
 
 
 def sr_key_words(key) -> jax.Array:
-    """``(k0, k1, k0 * 0x9E3779B9)`` of a key as uint32[3] (zeros for None): `hash_u24`'s keys."""
+    """``(k0, k1, k0 * 0x9E3779B9)`` of a key as uint32[3] (zeros for None): `hash32`'s keys."""
     if key is None:
         return jnp.zeros((3,), _U32)
     k0, k1 = random_bits.key_words(key)
