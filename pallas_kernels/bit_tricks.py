@@ -7,7 +7,9 @@ in the same order, so nothing can be elided or contracted into a different round
 * 16-bit inputs arrive as uint32 words holding two adjacent elements (even in the low
   half); `unpack_words` splits them into float32.
 * `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output).
-* `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick.
+* `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick, and
+  `encode_scale` / `mantissa_recips`: its reciprocal without an in-kernel float division
+  (GPU float32 division is not correctly rounded).
 * `nibble_nearest` / `nibble_stochastic`: the E2M1 code by a magic-number addition
   whose result bits are the code; stochastic rounding from 8 random bits per element.
 * `hash32` / `sr_key_words` / `sr_byte`: the counter-based stochastic-rounding bits of
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax.numerics import random_bits
+from fp4jax.numerics import random_bits, scales
 from fp4jax.numerics.constants import BLOCK, E2M1_MAX, E4M3_MAX, FLT_MAX
 
 _U32 = jnp.uint32
@@ -93,13 +95,62 @@ OVERFLOW = {jnp.dtype(jnp.bfloat16): np.float32(np.uint32(0x7F7F8000).view(np.fl
 """Smallest float32 magnitude that rounds to inf in each 16-bit dtype."""
 
 
-def e4m3_block_scale(bamax: jax.Array, gds, mult):
+def mantissa_recips(gds: jax.Array) -> jax.Array:
+    """``fl(1 / fl((1 + m/8) · gds))`` for ``m = 0..7``: float32[8], correctly rounded.
+
+    Computed outside the kernel (`fp4jax.numerics.scales.block_encode_scale`, an integer
+    division exact on every backend); `encode_scale` scales them by powers of two.
+    """
+    mant = np.float32(1.0) + jnp.arange(8, dtype=_F32) * np.float32(0.125)
+    return scales.block_encode_scale(mant, gds)
+
+
+EXACT_FROM = np.float32(2.0**-125)
+"""`encode_scale` is division-free where ``gds`` and ``fl(s · gds)`` are at least this..."""
+
+EXACT_TO = np.float32(2.0**117)
+"""...and ``gds`` at most this (any gds of a float32 amax is: gds <= FLT_MAX / 2688)."""
+
+
+def encode_scale(s: jax.Array, gds, recips) -> jax.Array:
+    """The block encode scale ``min(fl(1 / fl(s · gds)), FLT_MAX)`` of the reference, exactly.
+
+    GPU float32 division is not correctly rounded: XLA sets LLVM's NVPTX division to
+    ``div.full.f32`` (up to 2 ulp off) process-wide, and Mosaic GPU compiles in the same
+    process. So the quotient is not divided here. An E4M3 value is ``s = 2**E (1 + m/8)``
+    (a normal float32, E4M3 subnormals included); while ``fl((1 + m/8) gds)`` and ``fl(s
+    gds)`` are normal floats, ``fl(s gds) = 2**E fl((1 + m/8) gds)`` and its correctly
+    rounded reciprocal is ``2**-E · recips[m]`` (scaling by a power of two is exact in the
+    normal range; the reciprocal is at most ``2**125``: no clamp). Both hold when ``gds``
+    and ``fl(s gds)`` are at least `EXACT_FROM` and ``gds`` at most `EXACT_TO`: for every
+    block of absolute max above ~1e-37. Elsewhere (``s = 0``, or blocks near float32's
+    subnormal range) the float division remains: exact on the CPU, and ``1 / 0 = inf``
+    clamps to ``FLT_MAX`` on every backend.
+
+    Args:
+      s: float32 holding exact non-negative E4M3 values; gds: the global decode scale.
+      recips: the 8 values of `mantissa_recips(gds)` (a sequence of scalars).
+    """
+    sb = _u32(s)
+    m = (sb >> 20) & _U32(7)
+    pick = [(m & _U32(bit)) != _U32(0) for bit in (1, 2, 4)]
+    r = [jnp.where(pick[0], recips[2 * i + 1], recips[2 * i]) for i in range(4)]
+    r = [jnp.where(pick[1], r[2 * i + 1], r[2 * i]) for i in range(2)]
+    r = jnp.where(pick[2], r[1], r[0])
+    inv_pow2 = _f32(_U32(254 << 23) - (sb & _U32(0x7F800000)))  # 2**-E, exact (s >= 2**-9)
+    y = s * gds
+    exact = (y >= EXACT_FROM) & (gds >= EXACT_FROM) & (gds <= EXACT_TO)
+    return jnp.minimum(jnp.where(exact, r * inv_pow2, 1.0 / y), FLT_MAX)
+
+
+def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
     """Block scales from block amaxes (docs/RECIPE.md §2.4-2.5).
 
     Args:
       bamax: float32 block amaxes.
       gds: the global decode scale ``fl(1 / ges)``.
       mult: ``fl(ges · fl(1/6))``.
+      recips: `mantissa_recips(gds)`, for `encode_scale`.
 
     Returns:
       (enc, code, ok): float32 per-block encode scale, uint32 E4M3 bit pattern of the
@@ -116,8 +167,7 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult):
     code_norm = (((s_norm >> 23) - _U32(120)) << 3) | ((s_norm >> 20) & _U32(7))
     ok = d == d  # noqa: PLR0124 - False for NaN
     code = jnp.where(ok, jnp.where(small, code_sub, code_norm), _U32(0x7F))
-    enc = jnp.minimum(1.0 / (s * gds), FLT_MAX)
-    return enc, code, ok
+    return encode_scale(s, gds, recips), code, ok
 
 
 def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:

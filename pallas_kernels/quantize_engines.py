@@ -92,10 +92,11 @@ def input_reason(shape: Sequence[int], dtype: Any, what: str, need_rows: int) ->
     return None
 
 
-def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.OutputSpec,
+def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpec,
                 spec: tp.KernelSpec, sr, acc):
     """Rowwise (blocks along K) quantization of one tile; returns the poison accumulator.
 
+    ``sp``: the output's scale parameters ``(gds, mult, recips)`` (`scale_params`);
     ``sr``: `_row_sr_state` for stochastic rounding (else None).
     """
     bg, bnb = spec.bm // 16, spec.bk // 16
@@ -108,12 +109,12 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
     bamax = jnp.max(jnp.maximum(jnp.abs(xe), jnp.abs(xo)), axis=3)  # (bg, 16, bnb)
     if out.block_2d:
         tile_max = jnp.max(bamax, axis=1)  # (bg, bnb): one per 16x16 tile
-        enc, code, _ = bits.e4m3_block_scale(tile_max, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
         red = tp.ROW_LAYOUT.reduce(3)
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape[:3], (0, 2)), red)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc, code, _ = bits.e4m3_block_scale(bamax, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(bamax, *sp)
         scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), tp.ROW_LAYOUT)
     if out.stochastic:
@@ -128,11 +129,11 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
     return acc
 
 
-def _col_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.OutputSpec,
+def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpec,
                 spec: tp.KernelSpec, sr, acc):
     """Columnwise (blocks along M, optional RHT) quantization of one tile.
 
-    ``sr``: `_col_sr_state` for stochastic rounding (else None).
+    ``sp``: as for `_row_engine`; ``sr``: `_col_sr_state` for stochastic rounding (else None).
     """
     bg, bnb = spec.bm // 16, spec.bk // 16
     words = [plgpu.load(tile.at[:, j], layout=tp.COL_LAYOUT) for j in range(16)]
@@ -149,13 +150,13 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
         bamax.append(functools.reduce(jnp.maximum, [jnp.abs(v) for v in cols[c]]))
     if out.block_2d:
         tile_max = jnp.max(jnp.maximum(bamax[0], bamax[1]), axis=2)  # (bg, bnb)
-        enc, code, _ = bits.e4m3_block_scale(tile_max, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, (bg, bnb, 8), (0, 1)), tp.COL_LAYOUT)
         encs = (enc, enc)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc_e, code_e, _ = bits.e4m3_block_scale(bamax[0], gds, mult)
-        enc_o, code_o, _ = bits.e4m3_block_scale(bamax[1], gds, mult)
+        enc_e, code_e, _ = bits.e4m3_block_scale(bamax[0], *sp)
+        enc_o, code_o, _ = bits.e4m3_block_scale(bamax[1], *sp)
         encs = (enc_e, enc_o)
         pair = (code_e | (code_o << 8)).astype(jnp.uint16)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = pair
@@ -262,6 +263,22 @@ def sr_reason(shape: Sequence[int]) -> str | None:
     return None
 
 
+SCALE_PARAMS = 10
+"""float32 kernel parameters per output: ``gds``, ``mult``, `bit_tricks.mantissa_recips`."""
+
+
+def scale_params(gds: jax.Array, mult: jax.Array) -> jax.Array:
+    """The ``SCALE_PARAMS`` float32 kernel parameters of one output (see `run_quantize`)."""
+    return jnp.concatenate([jnp.stack([gds, mult]).astype(_F32), bits.mantissa_recips(gds)])
+
+
+def _read_scale_params(fparams, n: int):
+    """``(gds, mult, recips)`` of output ``n`` (0 rowwise, 1 columnwise) from the kernel's
+    parameters."""
+    base = n * SCALE_PARAMS
+    return fparams[base], fparams[base + 1], tuple(fparams[base + 2 + i] for i in range(8))
+
+
 def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
     outs = list(refs[:-2])
     x_smem, bar = refs[-2:]
@@ -272,23 +289,22 @@ def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
         sr = _row_sr_state(spec, spec.row) if spec.row.stochastic else None
         keys = tuple(uparams[i] for i in range(3))
         acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.ROW_LAYOUT)
-        engines.append((_row_engine, codes, scales, fparams[0], fparams[1], keys, spec.row, sr,
-                        acc))
+        engines.append((_row_engine, codes, scales, _read_scale_params(fparams, 0), keys,
+                        spec.row, sr, acc))
     if spec.col is not None:
         codes, scales = outs.pop(0), outs.pop(0)
         sr = _col_sr_state(spec, spec.col) if spec.col.stochastic else None
         keys = tuple(uparams[i] for i in range(3, 6))
         acc = plgpu.layout_cast(jnp.zeros((bg, bnb, 8), _F32), tp.COL_LAYOUT)
-        engines.append((_col_engine, codes, scales, fparams[2], fparams[3], keys, spec.col, sr,
-                        acc))
+        engines.append((_col_engine, codes, scales, _read_scale_params(fparams, 1), keys,
+                        spec.col, sr, acc))
     poison_ref = outs.pop(0) if outs else None
-    poison = [e[6].poison for e in engines]
+    poison = [e[5].poison for e in engines]
 
     def body(tile, g0, b0, carry):
         carry = list(carry)
-        for n, (engine, codes, scales, gds, mult, keys, out, sr, _) in enumerate(engines):
-            carry[n] = engine(tile, codes, scales, g0, b0, gds, mult, keys, out, spec, sr,
-                              carry[n])
+        for n, (engine, codes, scales, sp, keys, out, sr, _) in enumerate(engines):
+            carry[n] = engine(tile, codes, scales, g0, b0, sp, keys, out, spec, sr, carry[n])
         return tuple(carry)
 
     step, n_local = tp.pipelined_loop(spec, x_gmem, x_smem, bar, body)
@@ -312,7 +328,7 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
     Args:
       x2: bfloat16/float16 ``(M, K)`` accepted by `input_reason`.
       row, col: the rowwise and columnwise outputs (either may be None).
-      fparams: float32[4] ``(gds, mult)`` of the rowwise then the columnwise output.
+      fparams: float32[20], `scale_params` of the rowwise then the columnwise output.
       uparams: uint32[6] `bit_tricks.sr_key_words` of the rowwise then the columnwise key.
       config: a `pallas_kernels.quantize_single.QuantizeConfig` (tiling and grid).
       interpret: Mosaic GPU interpret mode (CPU).

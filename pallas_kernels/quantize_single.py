@@ -11,8 +11,10 @@ read of ``x``; the quantize kernel needs the global scale before its first block
 
 The kernel body is `pallas_kernels.quantize_engines` (rowwise engine for blocks along
 the last axis, columnwise engine for blocks along the second-to-last), its numerics
-`pallas_kernels.bit_tricks`, its TMA pipeline `pallas_kernels.tma_pipeline`. Division
-is IEEE (Mosaic compiles with ``fast=false``), approximate math is off.
+`pallas_kernels.bit_tricks`, its TMA pipeline `pallas_kernels.tma_pipeline`. The kernel
+does not divide in float32 (the GPU's division is not correctly rounded): the block
+encode scales come from 8 correctly rounded reciprocals per tensor
+(`bit_tricks.encode_scale`).
 
 Shape support (`supports`; the wrapper raises its reason as a `ValueError`): 2D
 ``(M, K)`` or batched ``(..., M, K)`` inputs, bfloat16 or float16; quantized axis the
@@ -183,7 +185,7 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
 
     stored, gds, mult = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.stack([gds, mult, gds, mult])
+    fp = jnp.concatenate([engines.scale_params(gds, mult)] * 2)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)

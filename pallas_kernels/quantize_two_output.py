@@ -75,7 +75,8 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     stored_c, gds_c, mult_c = amax_pass.scales_from(
         col_amax, lambda: res[0][1],
         lambda: amax_pass.finite_amax_xla(x, True, hadamard_signs, 0))
-    fp = jnp.stack([gds_r, mult_r, gds_c, mult_c])
+    fp = jnp.concatenate([engines.scale_params(gds_r, mult_r),
+                          engines.scale_params(gds_c, mult_c)])
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
     # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
     row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),
