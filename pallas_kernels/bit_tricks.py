@@ -7,11 +7,13 @@ in the same order, so nothing can be elided or contracted into a different round
 * 16-bit inputs arrive as uint32 words holding two adjacent elements (even in the low
   half); `unpack_words` splits them into float32.
 * `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output).
-* `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick.
+* `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick, and
+  `encode_scale` / `mantissa_recips`: its reciprocal without an in-kernel float division
+  (GPU float32 division is not correctly rounded).
 * `nibble_nearest` / `nibble_stochastic`: the E2M1 code by a magic-number addition
-  whose result bits are the code.
-* `hash_u24` / `sr_key_words`: the counter-based stochastic-rounding bits of
-  `fp4jax.numerics.random_bits`.
+  whose result bits are the code; stochastic rounding from 8 random bits per element.
+* `hash32` / `sr_key_words` / `sr_byte`: the counter-based stochastic-rounding bits of
+  `fp4jax.numerics.random_bits` (one 32-bit hash per 4 elements, one byte each).
 * `rht16_butterfly`: the 16-point fast Walsh-Hadamard butterfly of
   `fp4jax.numerics.hadamard.rht`, over 16 separate register arrays.
 
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax.numerics import random_bits
+from fp4jax.numerics import random_bits, scales
 from fp4jax.numerics.constants import BLOCK, E2M1_MAX, E4M3_MAX, FLT_MAX
 
 _U32 = jnp.uint32
@@ -93,13 +95,62 @@ OVERFLOW = {jnp.dtype(jnp.bfloat16): np.float32(np.uint32(0x7F7F8000).view(np.fl
 """Smallest float32 magnitude that rounds to inf in each 16-bit dtype."""
 
 
-def e4m3_block_scale(bamax: jax.Array, gds, mult):
+def mantissa_recips(gds: jax.Array) -> jax.Array:
+    """``fl(1 / fl((1 + m/8) · gds))`` for ``m = 0..7``: float32[8], correctly rounded.
+
+    Computed outside the kernel (`fp4jax.numerics.scales.block_encode_scale`, an integer
+    division exact on every backend); `encode_scale` scales them by powers of two.
+    """
+    mant = np.float32(1.0) + jnp.arange(8, dtype=_F32) * np.float32(0.125)
+    return scales.block_encode_scale(mant, gds)
+
+
+EXACT_FROM = np.float32(2.0**-125)
+"""`encode_scale` is division-free where ``gds`` and ``fl(s · gds)`` are at least this..."""
+
+EXACT_TO = np.float32(2.0**117)
+"""...and ``gds`` at most this (any gds of a float32 amax is: gds <= FLT_MAX / 2688)."""
+
+
+def encode_scale(s: jax.Array, gds, recips) -> jax.Array:
+    """The block encode scale ``min(fl(1 / fl(s · gds)), FLT_MAX)`` of the reference, exactly.
+
+    GPU float32 division is not correctly rounded: XLA sets LLVM's NVPTX division to
+    ``div.full.f32`` (up to 2 ulp off) process-wide, and Mosaic GPU compiles in the same
+    process. So the quotient is not divided here. An E4M3 value is ``s = 2**E (1 + m/8)``
+    (a normal float32, E4M3 subnormals included); while ``fl((1 + m/8) gds)`` and ``fl(s
+    gds)`` are normal floats, ``fl(s gds) = 2**E fl((1 + m/8) gds)`` and its correctly
+    rounded reciprocal is ``2**-E · recips[m]`` (scaling by a power of two is exact in the
+    normal range; the reciprocal is at most ``2**125``: no clamp). Both hold when ``gds``
+    and ``fl(s gds)`` are at least `EXACT_FROM` and ``gds`` at most `EXACT_TO`: for every
+    block of absolute max above ~1e-37. Elsewhere (``s = 0``, or blocks near float32's
+    subnormal range) the float division remains: exact on the CPU, and ``1 / 0 = inf``
+    clamps to ``FLT_MAX`` on every backend.
+
+    Args:
+      s: float32 holding exact non-negative E4M3 values; gds: the global decode scale.
+      recips: the 8 values of `mantissa_recips(gds)` (a sequence of scalars).
+    """
+    sb = _u32(s)
+    m = (sb >> 20) & _U32(7)
+    pick = [(m & _U32(bit)) != _U32(0) for bit in (1, 2, 4)]
+    r = [jnp.where(pick[0], recips[2 * i + 1], recips[2 * i]) for i in range(4)]
+    r = [jnp.where(pick[1], r[2 * i + 1], r[2 * i]) for i in range(2)]
+    r = jnp.where(pick[2], r[1], r[0])
+    inv_pow2 = _f32(_U32(254 << 23) - (sb & _U32(0x7F800000)))  # 2**-E, exact (s >= 2**-9)
+    y = s * gds
+    exact = (y >= EXACT_FROM) & (gds >= EXACT_FROM) & (gds <= EXACT_TO)
+    return jnp.minimum(jnp.where(exact, r * inv_pow2, 1.0 / y), FLT_MAX)
+
+
+def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
     """Block scales from block amaxes (docs/RECIPE.md §2.4-2.5).
 
     Args:
       bamax: float32 block amaxes.
       gds: the global decode scale ``fl(1 / ges)``.
       mult: ``fl(ges · fl(1/6))``.
+      recips: `mantissa_recips(gds)`, for `encode_scale`.
 
     Returns:
       (enc, code, ok): float32 per-block encode scale, uint32 E4M3 bit pattern of the
@@ -116,8 +167,7 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult):
     code_norm = (((s_norm >> 23) - _U32(120)) << 3) | ((s_norm >> 20) & _U32(7))
     ok = d == d  # noqa: PLR0124 - False for NaN
     code = jnp.where(ok, jnp.where(small, code_sub, code_norm), _U32(0x7F))
-    enc = jnp.minimum(1.0 / (s * gds), FLT_MAX)
-    return enc, code, ok
+    return encode_scale(s, gds, recips), code, ok
 
 
 def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
@@ -135,33 +185,49 @@ def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def nibble_stochastic(x: jax.Array, enc: jax.Array, u24: jax.Array) -> jax.Array:
-    """E2M1 code of ``x * enc`` by the reference's stochastic rounding.
+def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
+    """E2M1 code of ``x * enc`` by the reference's stochastic rounding (8 random bits).
 
-    With spacing ``h`` (0.5, 1, 2) at ``a``, rounds up iff ``u24 < frac * 2**24`` where
-    ``frac = (a - floor(a / h) * h) / h``; all steps are exact.
+    With spacing ``h`` (0.5, 1, 2) at ``a = min(|x * enc|, 6)`` and ``frac = (a - floor(a /
+    h) * h) / h``, rounds up iff ``float32(2 * u8 + 1) < frac * 512``, as
+    `fp4jax.numerics.rounding.e2m1_code_stochastic`. Every float operation is exact:
+    ``a / h`` is a product with a power of two, ``frac`` a difference of nearby values,
+    ``* 512`` a power of two and ``2 * u8 + 1 <= 511`` an integer, so no contraction or
+    reordering by a compiler can change a bit.
+
+    Args:
+      x: float32 values; enc: their float32 encode scales.
+      u8: uint32 random bytes in ``[0, 256)``, one per element (`sr_byte`).
     """
     v = x * enc
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
     e = jnp.maximum(_u32(a) >> 23, _U32(127))  # 127 + k, k = 0, 1, 2
-    t = a * _f32((_U32(255) - e) << 23)  # a / h * 0.5... = a * 2**(1-k), exact, in [0, 4)
+    t = a * _f32((_U32(255) - e) << 23)  # a / h = a * 2**(1-k), exact, in [0, 4)
     n = _u32(t + 8388608.0) - _U32(0x4B000000)  # RNE(t) as an integer (t < 4)
     lo = n - jnp.where(n.astype(_F32) > t, _U32(1), _U32(0))  # floor(t)
     frac = t - lo.astype(_F32)
-    up = u24.astype(_F32) < frac * 16777216.0
+    up = ((u8 << 1) | _U32(1)).astype(_F32) < frac * np.float32(512.0)
     mag = lo + ((e - _U32(127)) << 1) + jnp.where(up, _U32(1), _U32(0))
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def hash_u24(k0, k1, k2, index):
-    """`fp4jax.numerics.random_bits.hash_bits` >> 8, with ``k2 = k0 * 0x9E3779B9``."""
-    h = random_bits.mix32(index ^ k0)
+def hash32(k0, k1, k2, counter):
+    """`fp4jax.numerics.random_bits.hash_bits` of a uint32 counter, with ``k2 = k0 * 0x9E3779B9``
+    precomputed (`sr_key_words`): the 32 random bits of four elements."""
+    h = random_bits.mix32(counter ^ k0)
     h = random_bits.mix32(h + k1)
-    return random_bits.mix32(h ^ k2) >> 8
+    return random_bits.mix32(h ^ k2)
+
+
+def sr_byte(word: jax.Array, i: int) -> jax.Array:
+    """Byte ``i`` (0..3, static) of uint32 words: element ``4j + i``'s bits in word ``j``."""
+    if i == 3:
+        return word >> 24
+    return (word >> (8 * i) if i else word) & _U32(0xFF)
 
 
 def sr_key_words(key) -> jax.Array:
-    """``(k0, k1, k0 * 0x9E3779B9)`` of a key as uint32[3] (zeros for None): `hash_u24`'s keys."""
+    """``(k0, k1, k0 * 0x9E3779B9)`` of a key as uint32[3] (zeros for None): `hash32`'s keys."""
     if key is None:
         return jnp.zeros((3,), _U32)
     k0, k1 = random_bits.key_words(key)

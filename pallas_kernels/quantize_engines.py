@@ -13,6 +13,15 @@ Both write packed E2M1 codes and E4M3 scales straight to global memory, with exa
 the reference's numerics (`bit_tricks`). With ``poison`` an engine also reports
 whether a (rotated) value was non-finite, for a caller-given amax.
 
+Stochastic rounding draws the reference's bits (docs/RECIPE.md §5): block ``b`` (numbered
+by `tma_pipeline.OutputSpec.block_strides`) takes the four 32-bit words
+``hash(4b + j)`` and its element ``4j + i`` byte ``i`` of word ``j``. Each engine computes
+each word once: the rowwise engine in the block-reduced layout (one thread, one block,
+four hashes), broadcast to the block's 8 uint32 input words; the columnwise engine per
+column and word ``j``, feeding the 4 row arrays ``4j .. 4j+3``. The per-tile counters are
+a loop-invariant in-tile offset plus the tile origin's, in uint32 (`sr_reason` bounds the
+block count so nothing wraps).
+
 `input_reason` says which inputs the kernel takes (shared by the two public wrappers).
 
 Example:
@@ -39,6 +48,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from fp4jax.numerics import random_bits
 from pallas_kernels import bit_tricks as bits
 from pallas_kernels import tma_pipeline as tp
 
@@ -82,9 +92,13 @@ def input_reason(shape: Sequence[int], dtype: Any, what: str, need_rows: int) ->
     return None
 
 
-def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.OutputSpec,
-                spec: tp.KernelSpec, off, acc):
-    """Rowwise (blocks along K) quantization of one tile; returns the poison accumulator."""
+def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpec,
+                spec: tp.KernelSpec, sr, acc):
+    """Rowwise (blocks along K) quantization of one tile; returns the poison accumulator.
+
+    ``sp``: the output's scale parameters ``(gds, mult, recips)`` (`scale_params`);
+    ``sr``: `_row_sr_state` for stochastic rounding (else None).
+    """
     bg, bnb = spec.bm // 16, spec.bk // 16
     shape = (bg, 16, bnb, 8)
     w = plgpu.load(tile, layout=tp.ROW_LAYOUT)
@@ -95,20 +109,18 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
     bamax = jnp.max(jnp.maximum(jnp.abs(xe), jnp.abs(xo)), axis=3)  # (bg, 16, bnb)
     if out.block_2d:
         tile_max = jnp.max(bamax, axis=1)  # (bg, bnb): one per 16x16 tile
-        enc, code, _ = bits.e4m3_block_scale(tile_max, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
         red = tp.ROW_LAYOUT.reduce(3)
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape[:3], (0, 2)), red)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc, code, _ = bits.e4m3_block_scale(bamax, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(bamax, *sp)
         scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), tp.ROW_LAYOUT)
     if out.stochastic:
-        base = (g0 * 16 * out.index_strides[0] + b0 * 16 * out.index_strides[1]).astype(_U32)
-        idx = off + base
-        ne = bits.nibble_stochastic(xe, enc, bits.hash_u24(*keys, idx))
-        no = bits.nibble_stochastic(
-            xo, enc, bits.hash_u24(*keys, idx + _U32(out.index_strides[1])))
+        ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape)
+        ne = bits.nibble_stochastic(xe, enc, ue)
+        no = bits.nibble_stochastic(xo, enc, uo)
     else:
         ne = bits.nibble_nearest(xe, enc)
         no = bits.nibble_nearest(xo, enc)
@@ -117,9 +129,12 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
     return acc
 
 
-def _col_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.OutputSpec,
-                spec: tp.KernelSpec, off, acc):
-    """Columnwise (blocks along M, optional RHT) quantization of one tile."""
+def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpec,
+                spec: tp.KernelSpec, sr, acc):
+    """Columnwise (blocks along M, optional RHT) quantization of one tile.
+
+    ``sp``: as for `_row_engine`; ``sr``: `_col_sr_state` for stochastic rounding (else None).
+    """
     bg, bnb = spec.bm // 16, spec.bk // 16
     words = [plgpu.load(tile.at[:, j], layout=tp.COL_LAYOUT) for j in range(16)]
     halves = [bits.unpack_words(w, spec.dtype) for w in words]
@@ -135,29 +150,34 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
         bamax.append(functools.reduce(jnp.maximum, [jnp.abs(v) for v in cols[c]]))
     if out.block_2d:
         tile_max = jnp.max(jnp.maximum(bamax[0], bamax[1]), axis=2)  # (bg, bnb)
-        enc, code, _ = bits.e4m3_block_scale(tile_max, gds, mult)
+        enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, (bg, bnb, 8), (0, 1)), tp.COL_LAYOUT)
         encs = (enc, enc)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc_e, code_e, _ = bits.e4m3_block_scale(bamax[0], gds, mult)
-        enc_o, code_o, _ = bits.e4m3_block_scale(bamax[1], gds, mult)
+        enc_e, code_e, _ = bits.e4m3_block_scale(bamax[0], *sp)
+        enc_o, code_o, _ = bits.e4m3_block_scale(bamax[1], *sp)
         encs = (enc_e, enc_o)
         pair = (code_e | (code_o << 8)).astype(jnp.uint16)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = pair
     if out.stochastic:
-        sr, sc = out.index_strides
-        base = (g0 * 16 * sr + b0 * 16 * sc).astype(_U32) + off
+        # 4·b of the even and the odd column's block of each word; a block's 16 rows are
+        # 16 arrays, so each hash below (word j of a block) feeds the 4 rows 4j..4j+3.
+        even = sr + _tile_origin4(g0, b0, out, 1, 16)
+        counter = (even, even + _U32((4 * out.block_strides[1]) & 0xFFFFFFFF))
     for p in range(8):
+        if out.stochastic and p % 2 == 0:  # rows 2p .. 2p + 3 share hash word p // 2
+            hashes = [bits.hash32(*keys, counter[c] | _U32(p // 2) if p else counter[c])
+                      for c in range(2)]
         word = None
         for c in range(2):
             for half in range(2):
-                j = 2 * p + half
+                r = 2 * p + half  # the row in the 16-row group: byte r % 4 of word r // 4
                 if out.stochastic:
-                    idx = base + _U32((j * sr + c * sc) & 0xFFFFFFFF)
-                    nib = bits.nibble_stochastic(cols[c][j], encs[c], bits.hash_u24(*keys, idx))
+                    u8 = bits.sr_byte(hashes[c], r % 4)
+                    nib = bits.nibble_stochastic(cols[c][r], encs[c], u8)
                 else:
-                    nib = bits.nibble_nearest(cols[c][j], encs[c])
+                    nib = bits.nibble_nearest(cols[c][r], encs[c])
                 shift = 8 * c + 4 * half
                 nib = nib << shift if shift else nib
                 word = nib if word is None else word | nib
@@ -165,20 +185,98 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, gds, mult, keys, out: tp.Ou
     return acc
 
 
-def _sr_offsets(layout, shape, strides, row_dims):
-    """Loop-invariant SR counter offsets of a tile's words (uint32, in ``layout``).
-
-    ``row_dims``: per array axis, its row/col weight as (rows per unit, cols per unit).
-    """
-    sr, sc = strides
-    off = None
-    for axis, (rows, cols) in enumerate(row_dims):
-        weight = rows * sr + cols * sc
+def _iota_sum(layout, shape, weights):
+    """``sum_d iota_d * weights[d]`` as uint32 in ``layout`` (weights are Python ints)."""
+    total = None
+    for axis, weight in enumerate(weights):
         if weight == 0:
             continue
         term = plgpu.broadcasted_iota(_U32, shape, axis, layout=layout) * _U32(weight & 0xFFFFFFFF)
-        off = term if off is None else off + term
-    return off
+        total = term if total is None else total + term
+    return total
+
+
+def _tile_origin4(g0, b0, out: tp.OutputSpec, m_per_group: int, k_per_block: int):
+    """``4 * b`` of the block at the tile origin (16-row group ``g0``, 16-column block ``b0``).
+
+    ``m_per_group`` / ``k_per_block``: the engine's M-units per 16-row group and K-units
+    per 16-column block (rowwise 16 and 1, columnwise 1 and 16). uint32 arithmetic: with
+    at most `random_bits.MAX_BLOCKS` blocks (`sr_reason`) nothing wraps.
+    """
+    s_m, s_k = out.block_strides
+    return (g0.astype(_U32) * _U32((4 * m_per_group * s_m) & 0xFFFFFFFF)
+            + b0.astype(_U32) * _U32((4 * k_per_block * s_k) & 0xFFFFFFFF))
+
+
+def _row_sr_state(spec: tp.KernelSpec, out: tp.OutputSpec):
+    """Loop-invariant SR state of the rowwise engine.
+
+    Returns ``(off4, hi, mid, shift)``: ``4 * b`` of each block of a tile relative to the
+    tile's origin, one per thread and block (the block-reduced layout: 4 hashes per
+    block, no more); and for each word ``w`` of a block (elements ``2w``, ``2w + 1``,
+    i.e. bytes ``2(w % 2)``, ``2(w % 2) + 1`` of hash ``w // 2``) the selectors of its
+    hash (``w >= 4``, ``w % 4 >= 2``) and the shift of its two bytes (``16 * (w % 2)``).
+    """
+    bg, bnb = spec.bm // 16, spec.bk // 16
+    s_m, s_k = out.block_strides
+    off4 = _iota_sum(tp.ROW_LAYOUT.reduce(3), (bg, 16, bnb), (64 * s_m, 4 * s_m, 4 * s_k))
+    w = plgpu.broadcasted_iota(_U32, (bg, 16, bnb, 8), 3, layout=tp.ROW_LAYOUT)
+    return off4, w >= _U32(4), (w & _U32(2)) != _U32(0), (w & _U32(1)) << 4
+
+
+def _row_sr_bytes(sr, keys, g0, b0, out: tp.OutputSpec, shape):
+    """The random bytes of the rowwise engine's even and odd elements (uint32, word layout).
+
+    The 4 hashes of each block are computed once, in the block-reduced layout (one
+    thread holds a whole block), then broadcast to the block's 8 words; each word picks
+    its hash with two loop-invariant selectors and its two bytes with one shift.
+    """
+    off4, hi, mid, shift = sr
+    c = off4 + _tile_origin4(g0, b0, out, 16, 1)
+    h = [plgpu.layout_cast(lax.broadcast_in_dim(
+            bits.hash32(*keys, c | _U32(j) if j else c), shape, (0, 1, 2)), tp.ROW_LAYOUT)
+         for j in range(4)]
+    word = jnp.where(hi, jnp.where(mid, h[3], h[2]), jnp.where(mid, h[1], h[0])) >> shift
+    return word & _U32(0xFF), (word >> 8) & _U32(0xFF)
+
+
+def _col_sr_state(spec: tp.KernelSpec, out: tp.OutputSpec):
+    """Loop-invariant SR state of the columnwise engine: ``4 * b`` of the even column's
+    block of each word of a tile relative to the tile's origin (the odd column's is
+    ``4 * s_k`` more)."""
+    bg, bnb = spec.bm // 16, spec.bk // 16
+    s_m, s_k = out.block_strides
+    return _iota_sum(tp.COL_LAYOUT, (bg, bnb, 8), (4 * s_m, 64 * s_k, 8 * s_k))
+
+
+def sr_reason(shape: Sequence[int]) -> str | None:
+    """Why stochastic rounding cannot number the blocks of ``(..., M, K)``, or None.
+
+    The block counter ``4 * b + j`` is a uint32 (docs/RECIPE.md §5): at most
+    `random_bits.MAX_BLOCKS` 16-blocks, as the reference.
+    """
+    n = math.prod(shape) // 16
+    if n > random_bits.MAX_BLOCKS:
+        return (f"stochastic rounding numbers blocks with a uint32 counter: a tensor of shape "
+                f"{tuple(shape)} has {n} 16-blocks, more than the {random_bits.MAX_BLOCKS} "
+                "supported")
+    return None
+
+
+SCALE_PARAMS = 10
+"""float32 kernel parameters per output: ``gds``, ``mult``, `bit_tricks.mantissa_recips`."""
+
+
+def scale_params(gds: jax.Array, mult: jax.Array) -> jax.Array:
+    """The ``SCALE_PARAMS`` float32 kernel parameters of one output (see `run_quantize`)."""
+    return jnp.concatenate([jnp.stack([gds, mult]).astype(_F32), bits.mantissa_recips(gds)])
+
+
+def _read_scale_params(fparams, n: int):
+    """``(gds, mult, recips)`` of output ``n`` (0 rowwise, 1 columnwise) from the kernel's
+    parameters."""
+    base = n * SCALE_PARAMS
+    return fparams[base], fparams[base + 1], tuple(fparams[base + 2 + i] for i in range(8))
 
 
 def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
@@ -188,32 +286,25 @@ def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
     engines = []
     if spec.row is not None:
         codes, scales = outs.pop(0), outs.pop(0)
-        off = None
-        if spec.row.stochastic:
-            off = _sr_offsets(tp.ROW_LAYOUT, (bg, 16, bnb, 8), spec.row.index_strides,
-                              [(16, 0), (1, 0), (0, 16), (0, 2)])
+        sr = _row_sr_state(spec, spec.row) if spec.row.stochastic else None
         keys = tuple(uparams[i] for i in range(3))
         acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.ROW_LAYOUT)
-        engines.append((_row_engine, codes, scales, fparams[0], fparams[1], keys, spec.row, off,
-                        acc))
+        engines.append((_row_engine, codes, scales, _read_scale_params(fparams, 0), keys,
+                        spec.row, sr, acc))
     if spec.col is not None:
         codes, scales = outs.pop(0), outs.pop(0)
-        off = None
-        if spec.col.stochastic:
-            off = _sr_offsets(tp.COL_LAYOUT, (bg, bnb, 8), spec.col.index_strides,
-                              [(16, 0), (0, 16), (0, 2)])
+        sr = _col_sr_state(spec, spec.col) if spec.col.stochastic else None
         keys = tuple(uparams[i] for i in range(3, 6))
         acc = plgpu.layout_cast(jnp.zeros((bg, bnb, 8), _F32), tp.COL_LAYOUT)
-        engines.append((_col_engine, codes, scales, fparams[2], fparams[3], keys, spec.col, off,
-                        acc))
+        engines.append((_col_engine, codes, scales, _read_scale_params(fparams, 1), keys,
+                        spec.col, sr, acc))
     poison_ref = outs.pop(0) if outs else None
-    poison = [e[6].poison for e in engines]
+    poison = [e[5].poison for e in engines]
 
     def body(tile, g0, b0, carry):
         carry = list(carry)
-        for n, (engine, codes, scales, gds, mult, keys, out, off, _) in enumerate(engines):
-            carry[n] = engine(tile, codes, scales, g0, b0, gds, mult, keys, out, spec, off,
-                              carry[n])
+        for n, (engine, codes, scales, sp, keys, out, sr, _) in enumerate(engines):
+            carry[n] = engine(tile, codes, scales, g0, b0, sp, keys, out, spec, sr, carry[n])
         return tuple(carry)
 
     step, n_local = tp.pipelined_loop(spec, x_gmem, x_smem, bar, body)
@@ -237,7 +328,7 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
     Args:
       x2: bfloat16/float16 ``(M, K)`` accepted by `input_reason`.
       row, col: the rowwise and columnwise outputs (either may be None).
-      fparams: float32[4] ``(gds, mult)`` of the rowwise then the columnwise output.
+      fparams: float32[20], `scale_params` of the rowwise then the columnwise output.
       uparams: uint32[6] `bit_tricks.sr_key_words` of the rowwise then the columnwise key.
       config: a `pallas_kernels.quantize_single.QuantizeConfig` (tiling and grid).
       interpret: Mosaic GPU interpret mode (CPU).

@@ -3,15 +3,18 @@
 One read of a BF16/FP16 tensor ``x`` gives packed E2M1 codes and E4M3 block scales
 with exactly the reference's numerics and output layout
 (`fp4jax.reference.quantization.quantize`): round-to-nearest-even or stochastic
-rounding (the reference's counter-based bits), optional 16×16 random Hadamard transform
-along the quantized axis, 1D (1×16) or 2D (16×16) blocks. The global amax is either
+rounding (the reference's counter-based bits: 8 per element, one 32-bit hash per 4
+elements), optional 16×16 random Hadamard transform along the quantized axis, 1D
+(1×16) or 2D (16×16) blocks. The global amax is either
 passed in or computed by a separate reduction kernel (`pallas_kernels.amax`: one extra
 read of ``x``; the quantize kernel needs the global scale before its first block).
 
 The kernel body is `pallas_kernels.quantize_engines` (rowwise engine for blocks along
 the last axis, columnwise engine for blocks along the second-to-last), its numerics
-`pallas_kernels.bit_tricks`, its TMA pipeline `pallas_kernels.tma_pipeline`. Division
-is IEEE (Mosaic compiles with ``fast=false``), approximate math is off.
+`pallas_kernels.bit_tricks`, its TMA pipeline `pallas_kernels.tma_pipeline`. The kernel
+does not divide in float32 (the GPU's division is not correctly rounded): the block
+encode scales come from 8 correctly rounded reciprocals per tensor
+(`bit_tricks.encode_scale`).
 
 Shape support (`supports`; the wrapper raises its reason as a `ValueError`): 2D
 ``(M, K)`` or batched ``(..., M, K)`` inputs, bfloat16 or float16; quantized axis the
@@ -20,8 +23,8 @@ last or second-to-last; ``K % 128 == 0``; ``M % 16 == 0`` (rowwise, 1D or 2D blo
 ``M % 128 == 0`` and ``K % 64 == 0``. float32 inputs are not taken (the packed
 two-elements-per-word trick needs 16-bit elements). A Hadamard transform along the last
 (contiguous) axis is computed by the columnwise engine on ``x.T`` (an XLA transpose,
-then the SR counters are remapped), because the butterfly needs each element of a
-contiguous 16-run in its own register array.
+with the SR block numbers remapped to ``x``'s), because the butterfly needs each element
+of a contiguous 16-run in its own register array.
 
 Measured speeds: docs/BENCHMARKS.md (``python -m pallas_kernels.quantize_single``).
 
@@ -161,18 +164,19 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
     signs = hadamard_signs
     transposed = axis == x.ndim - 1 and hadamard
     if transposed:
-        # Hadamard along the contiguous axis: columnwise engine on x^T, counters remapped.
+        # Hadamard along the contiguous axis: columnwise engine on x^T. Its 16-row group g
+        # is x's 16-column block and its column c is x's row: block c * K/16 + g of x.
         xk = x2.T
         out = tp.OutputSpec(stochastic=stochastic, hadamard=True, signs=signs,
-                            index_strides=(1, k), poison=amax is not None)
-    elif axis == x.ndim - 1:
+                            block_strides=(1, k // 16), poison=amax is not None)
+    elif axis == x.ndim - 1:  # rowwise engine: block (row r, column block j) is r * K/16 + j
         xk = x2
-        out = tp.OutputSpec(stochastic=stochastic, block_2d=block_2d, index_strides=(k, 1),
-                            poison=amax is not None)
-    else:
+        out = tp.OutputSpec(stochastic=stochastic, block_2d=block_2d,
+                            block_strides=(k // 16, 1), poison=amax is not None)
+    else:  # columnwise engine: block (16-row group g, column c) is g * K + c
         xk = x2
         out = tp.OutputSpec(stochastic=stochastic, block_2d=block_2d, hadamard=hadamard,
-                            signs=signs, index_strides=(k, 1), poison=amax is not None)
+                            signs=signs, block_strides=(k, 1), poison=amax is not None)
     is_col = transposed or axis != x.ndim - 1
 
     def computed():
@@ -181,7 +185,7 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
 
     stored, gds, mult = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.stack([gds, mult, gds, mult])
+    fp = jnp.concatenate([engines.scale_params(gds, mult)] * 2)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)
@@ -256,6 +260,8 @@ def quantize(
     checks.check_quantize_options(rounding=rounding, key=key, hadamard=hadamard,
                                   block_2d=block_2d, hadamard_signs=hadamard_signs)
     reason = supports(x.shape, x.dtype, axis=axis, block_2d=block_2d, hadamard=hadamard)
+    if reason is None and rounding == "stochastic":
+        reason = engines.sr_reason(x.shape)
     if reason is not None:
         raise ValueError(reason)
     ax = layout.normalize_axis(axis, x.ndim)

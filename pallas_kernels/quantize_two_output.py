@@ -75,11 +75,14 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     stored_c, gds_c, mult_c = amax_pass.scales_from(
         col_amax, lambda: res[0][1],
         lambda: amax_pass.finite_amax_xla(x, True, hadamard_signs, 0))
-    fp = jnp.stack([gds_r, mult_r, gds_c, mult_c])
+    fp = jnp.concatenate([engines.scale_params(gds_r, mult_r),
+                          engines.scale_params(gds_c, mult_c)])
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
-    row = tp.OutputSpec(stochastic=stochastic, index_strides=(k, 1), poison=row_amax is not None)
+    # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
+    row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),
+                        poison=row_amax is not None)
     col = tp.OutputSpec(stochastic=stochastic, hadamard=True, signs=hadamard_signs,
-                        index_strides=(k, 1), poison=col_amax is not None)
+                        block_strides=(k, 1), poison=col_amax is not None)
     (rc, rs, cc, cs), flags = engines.run_quantize(x, row, col, fp, up, config, interpret)
     return (rc.reshape(m, k // 2), rs.reshape(m, k // 16), stored_r(flags[0]),
             tp.as_bytes(cc, m // 2, k), tp.as_bytes(cs, m // 16, k), stored_c(flags[1]))
@@ -132,6 +135,8 @@ def quantize_rowwise_columnwise(
             random_bits.check_key(key, name)
     signs = hadamard_lib.check_signs(hadamard_signs)
     reason = supports(x.shape, x.dtype)
+    if reason is None and rounding == "stochastic":
+        reason = engines.sr_reason(x.shape)
     if reason is not None:
         raise ValueError(reason)
     config = TWO_OUTPUT_CONFIG if config is None else config

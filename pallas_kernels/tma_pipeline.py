@@ -61,13 +61,22 @@ COL_LAYOUT = plgpu.Layout.TILED(
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-    """Static description of one quantized output of a kernel."""
+    """Static description of one quantized output of a kernel.
+
+    ``block_strides = (s_m, s_k)`` number the 16-blocks for stochastic rounding
+    (docs/RECIPE.md §5): the block at M-unit ``i`` and K-unit ``j`` of the kernel's
+    ``(M, K)`` input is ``b = i * s_m + j * s_k``. The units are the engine's: for the
+    rowwise engine a row and a 16-column block, for the columnwise engine a 16-row group
+    and a column. The caller picks the strides that make ``b`` the reference's row-major
+    block number in the tensor's own layout (e.g. ``(K/16, 1)`` rowwise, ``(K, 1)``
+    columnwise, ``(1, K/16)`` for the columnwise engine run on ``x.T``).
+    """
 
     stochastic: bool
     block_2d: bool = False
     hadamard: bool = False
     signs: tuple[int, ...] = DEFAULT_SIGNS
-    index_strides: tuple[int, int] | None = None  # SR counter strides (row, col)
+    block_strides: tuple[int, int] | None = None  # SR block numbering (per M-unit, per K-unit)
     poison: bool = False  # also report whether a (rotated) value was non-finite
 
 

@@ -9,14 +9,38 @@ from fp4jax.numerics.constants import E2M1_VALUES
 from pallas_kernels import bit_tricks as bits
 
 
-def test_sr_is_unbiased_in_distribution():
-    # The kernel's SR is the reference's bit for bit (kernel tests); check the rounding
-    # helper is unbiased: E[round(v)] == v over many counters.
-    v = jnp.full((1 << 16,), 0.3, jnp.float32)
-    u24 = jax.random.randint(jax.random.key(0), v.shape, 0, 1 << 24).astype(jnp.uint32)
-    codes = jax.jit(bits.nibble_stochastic)(v, jnp.float32(1.0), u24)
-    vals = jnp.asarray(E2M1_VALUES)[codes]
-    assert abs(float(vals.mean()) - 0.3) < 0.005
+def _values():
+    """Magnitudes across [0, 7]: the E2M1 grid, its midpoints, values one float32 ulp on
+    either side of both, random values, tiny values, and their negatives (and -0)."""
+    grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+    edges = np.concatenate([grid, mids])
+    near = np.concatenate([np.nextafter(edges, np.float32(-1)), np.nextafter(edges, np.float32(9))])
+    rand = np.random.default_rng(0).uniform(0, 7, 600).astype(np.float32)
+    tiny = np.array([1e-30, 2.0**-126, 3e-8, 6.5, 7.0], np.float32)
+    v = np.concatenate([edges, near, rand, tiny])
+    return np.concatenate([v, -v, np.array([-0.0], np.float32)])
+
+
+def test_nibble_stochastic_is_the_reference_rounding_for_every_byte():
+    """For every random byte u8 (all 256) and values across the range, the kernel's code
+    equals `rounding.e2m1_code_stochastic` with the sign bit: the same bits, not just
+    the same distribution."""
+    v = jnp.asarray(_values())
+    u8 = jnp.arange(256, dtype=jnp.uint32)
+    vv, uu = jnp.broadcast_arrays(v[:, None], u8[None, :])
+    got = jax.jit(bits.nibble_stochastic)(vv, jnp.float32(1.0), uu)
+    a = jnp.minimum(jnp.abs(vv), 6.0)
+    want = rounding.e2m1_code_stochastic(a, uu) | jnp.where(vv < 0, 8, 0).astype(jnp.uint8)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_sr_is_unbiased_to_its_resolution():
+    """E[round(0.3)] over all 256 bytes is 0.3 to within h * 2**-9 (h = 0.5), exactly."""
+    u8 = jnp.arange(256, dtype=jnp.uint32)
+    codes = bits.nibble_stochastic(jnp.full((256,), 0.3, jnp.float32), jnp.float32(1.0), u8)
+    mean = np.asarray(E2M1_VALUES, np.float64)[np.asarray(codes)].mean()
+    assert abs(mean - 0.3) <= 0.5 * 2.0**-9
 
 
 def test_nibble_nearest_matches_the_reference_code():
@@ -27,9 +51,24 @@ def test_nibble_nearest_matches_the_reference_code():
                                   np.asarray(want))
 
 
-def test_hash_u24_is_the_reference_hash():
+def test_hash32_is_the_reference_hash():
     key = jax.random.key(5)
     k0, k1, k2 = bits.sr_key_words(key)
-    index = jnp.arange(1000, dtype=jnp.uint32)
-    np.testing.assert_array_equal(np.asarray(bits.hash_u24(k0, k1, k2, index)),
-                                  np.asarray(random_bits.hash_bits(k0, k1, index) >> 8))
+    counter = jnp.concatenate([jnp.arange(1000, dtype=jnp.uint32),
+                               jnp.array([2**32 - 1, 2**31, 4 * (2**30 - 1) + 3], jnp.uint32)])
+    np.testing.assert_array_equal(np.asarray(bits.hash32(k0, k1, k2, counter)),
+                                  np.asarray(random_bits.hash_bits(k0, k1, counter)))
+
+
+def test_sr_byte_gives_the_reference_block_bytes():
+    """Byte i of hash word j is the random byte of element 4j + i of the block, as
+    `random_bits.block_bytes` draws them."""
+    key = jax.random.key(3)
+    k0, k1, k2 = bits.sr_key_words(key)
+    blocks = jnp.array([0, 1, 77, 2**30 - 1], jnp.uint32)
+    want = random_bits.block_bytes(key, blocks)  # (4, 16)
+    for j in range(4):
+        word = bits.hash32(k0, k1, k2, blocks * 4 + j)
+        for i in range(4):
+            np.testing.assert_array_equal(np.asarray(bits.sr_byte(word, i)),
+                                          np.asarray(want[:, 4 * j + i]))

@@ -24,12 +24,14 @@ _KEY = jax.random.key(7)
 # ----------------------------------------------------------------------------------------
 
 INTERPRET_CASES = [
-    # (name, shape, nonfinite, kwargs): together with the two-output test they cover both
-    # engines, both amax passes, the RHT, 2D blocks, SR, batch dims, given/computed amax
-    # and non-finite inputs. (The RHT along the last axis, run on x.T, is in GPU_MODES.)
-    ("row_sr_batched_nonfinite_amax_given", (2, 16, 128), True,
+    # (name, shape, nonfinite, kwargs): together with the two-output test and SR_CASES
+    # they cover both engines, both amax passes, the RHT, 2D blocks, SR, batch dims,
+    # given/computed amax and non-finite inputs. The SR cases run on several tiles at odd
+    # multiples of the tile: rowwise 4 tiles of 16x384 (24 blocks per tile row),
+    # columnwise-RHT 2 x 5 tiles of 64x128.
+    ("row_sr_batched_nonfinite_amax_given", (2, 32, 384), True,
      {"rounding": "stochastic", "key": _KEY, "amax": jnp.float32(300.0)}),
-    ("col_rht_sr", (64, 128), False,
+    ("col_rht_sr", (128, 640), False,
      {"axis": 0, "hadamard": True, "rounding": "stochastic", "key": _KEY}),
     ("col_2d", (64, 128), True, {"axis": 0, "block_2d": True}),
     ("row_2d", (32, 128), False, {"block_2d": True}),
@@ -44,6 +46,44 @@ def test_interpret_matches_reference(name, shape, nonfinite, kw):
         flat = x.reshape(-1, shape[-1]).at[5, 7].set(jnp.nan).at[6, 9].set(-jnp.inf)
         x = flat.reshape(shape)
     assert_same(qs.quantize(x, interpret=True, **kw), ref_quantize(x, **kw), name)
+
+
+_SR = {"rounding": "stochastic", "key": jax.random.key(11)}
+SR_CASES = [
+    # (name, shape, dtype, kwargs): the SR paths INTERPRET_CASES leaves out, on several
+    # tiles, so that both the in-tile block numbers and the tile origins' are checked
+    # (the two-output test adds the rowwise engine on several tiles along K).
+    # Columnwise without the RHT, batched: the block numbers continue across the batch
+    # (grid (2, 4, 256)); 2 x 2 tiles of 64x128.
+    ("col_batched_2x64x256", (2, 64, 256), jnp.bfloat16, {"axis": 1}),
+    # The RHT along the last axis runs on x.T (2 x 2 tiles there): blocks remapped to x's.
+    ("row_rht_on_xT_256x128_f16", (256, 128), jnp.float16, {"hadamard": True}),
+]
+
+
+@pytest.mark.parametrize("name,shape,dtype,kw", SR_CASES, ids=[c[0] for c in SR_CASES])
+def test_interpret_sr_is_the_reference_bitwise(name, shape, dtype, kw):
+    """Stochastic rounding in the kernel draws the reference's random bits for every
+    element (docs/RECIPE.md §5), so codes, scales and amax are bit-identical. (The amax
+    is given, as from a cross-device reduction, to skip the amax pass: it does not
+    depend on the rounding and is tested above.)"""
+    x = data(shape, dtype, seed=2)
+    kw = {**kw, **_SR}
+    ref = ref_quantize(x, **kw)
+    assert_same(qs.quantize(x, amax=ref.amax, interpret=True, **kw), ref, name)
+
+
+def test_sr_block_count_limit_is_the_reference_one():
+    """More than 2**30 blocks: SR raises ValueError (the uint32 block counter), as the
+    reference; exactly 2**30 blocks are taken. Traced only (no memory is allocated)."""
+    fine = jax.ShapeDtypeStruct((2**16, 2**18), jnp.bfloat16)  # 2**30 blocks
+    big = jax.ShapeDtypeStruct((2**16 + 16, 2**18), jnp.bfloat16)
+    run = functools.partial(qs.quantize, **_SR)
+    assert jax.eval_shape(run, fine).shape == fine.shape
+    assert jax.eval_shape(qs.quantize, big).shape == big.shape  # RNE: no counter
+    for f in (run, functools.partial(ref_quantize, **_SR)):
+        with pytest.raises(ValueError, match="uint32 counter"):
+            jax.eval_shape(f, big)
 
 
 # --- supports(): the predicate and the wrapper agree. ---------------------------------
@@ -128,6 +168,8 @@ GPU_MODES = {
     "col_2d": {"axis": 0, "block_2d": True},
     "col_sr": {"axis": 0, "rounding": "stochastic", "key": _KEY},
     "row_rht": {"hadamard": True},
+    "row_rht_sr": {"hadamard": True, "rounding": "stochastic", "key": _KEY},
+    "row_2d_sr": {"block_2d": True, "rounding": "stochastic", "key": _KEY},
 }
 
 
@@ -191,7 +233,23 @@ def test_gpu_columnwise_sr_report(shape, capsys):
     there = [(int(codes["kernel"][i, j]), int(codes["cpu"][i, j]), int(rne[i, j]))
              for i, j in bad[:6]]
     with capsys.disabled():
-        print(f"\n[{shape}] kernel!=cpu: {len(bad)}, gpu_ref!=cpu: "
+        print(f"\n[{shape}] kernel!=cpu: {len(bad)}, kernel!=gpu_ref: "
+              f"{int((codes['kernel'] != codes['gpu']).sum())}, gpu_ref!=cpu: "
               f"{int((codes['gpu'] != codes['cpu']).sum())}, tiles {tiles[:8]}, "
               f"first {bad[:6].tolist()}, kernel/cpu/rne codes there: {there}")
     assert len(bad) == 0
+
+
+def test_sr_paths_lower_for_cuda():
+    """The Mosaic GPU lowering of both engines' SR (register layouts of the block-reduced
+    hashes, their broadcast and word selection), alone and together, runs on a CPU host:
+    interpret mode ignores layouts, so this catches what it cannot."""
+    from pallas_kernels import quantize_two_output as q2
+
+    sds = jax.ShapeDtypeStruct
+    for shape, kw in (((64, 384), {}), ((128, 640), {"axis": 0, "hadamard": True})):
+        f = jax.jit(functools.partial(qs.quantize, **kw, **_SR))
+        f.trace(sds(shape, jnp.bfloat16)).lower(lowering_platforms=("cuda",))
+    f = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, rounding="stochastic",
+                                  row_key=_KEY, col_key=_KEY))
+    f.trace(sds((128, 640), jnp.bfloat16)).lower(lowering_platforms=("cuda",))

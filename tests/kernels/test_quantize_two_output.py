@@ -25,6 +25,18 @@ def test_interpret_two_output_sr():
     assert_same(cols, ref_cols, "columnwise")
 
 
+def test_interpret_two_output_sr_on_several_tiles():
+    """SR bits of both copies on 2 x 5 tiles of 64x128 (K = 640: 40 rowwise blocks per row,
+    tile origins along both axes), amaxes given: bit-identical to the reference."""
+    x = data((128, 640), seed=5)
+    kw = {"rounding": "stochastic", "row_key": jax.random.key(3), "col_key": jax.random.key(4)}
+    ref_rows, ref_cols = q2.reference(x, **kw)
+    rows, cols = q2.quantize_rowwise_columnwise(x, row_amax=ref_rows.amax,
+                                                col_amax=ref_cols.amax, interpret=True, **kw)
+    assert_same(rows, ref_rows, "rowwise")
+    assert_same(cols, ref_cols, "columnwise")
+
+
 @pytest.mark.parametrize("shape,dtype,supported", [
     ((64, 128), jnp.bfloat16, True),
     ((128, 256), jnp.float16, True),
