@@ -987,7 +987,8 @@ def assert_bitwise_equal_across(
     ``jax.disable_jit()``: the strictest check that no XLA fusion changes a
     rounding). All outputs must equal the first variant's bit for bit, except that
     a NaN equals any NaN. Pass the data as ``args``: a computation over closure constants
-    is folded by XLA at compile time, where it may reassociate products of constants. Bind static arguments with `functools.partial`.
+    is folded by XLA at compile time, where it may reassociate products of constants.
+    Bind static arguments with `functools.partial`.
 
     Args:
       fn: the function.
