@@ -67,9 +67,10 @@ def test_auto_policy_follows_the_measured_crossover():
     assert implementation.auto_prefers_gemm_kernel(16, 8192, 8192)
     assert implementation.auto_prefers_gemm_kernel(4096, 4096, 4096)
     assert not implementation.auto_prefers_gemm_kernel(8192, 8192, 8192)
-    assert not implementation.auto_prefers_quantize_kernel(columnwise=True, stochastic=True)
-    assert implementation.auto_prefers_quantize_kernel(columnwise=True, stochastic=False)
-    assert implementation.auto_prefers_quantize_kernel(columnwise=False, stochastic=True)
+    for columnwise in (False, True):
+        for stochastic in (False, True):
+            assert implementation.auto_prefers_quantize_kernel(
+                columnwise=columnwise, stochastic=stochastic)
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
