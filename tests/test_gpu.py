@@ -178,5 +178,6 @@ def test_jitted_train_step_with_a_cast_quantizes_like_the_cpu():
     gpu, cpu = _both(step, x, w)
     for g, c in zip(_as_bits(gpu[2:]), _as_bits(cpu[2:])):
         np.testing.assert_array_equal(g, c)
-    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5)
+    # y is bfloat16: a different float32 summation order can move it by one bf16 ulp.
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-2)
     np.testing.assert_allclose(gpu[1], cpu[1], rtol=2e-2, atol=1e-3 * np.abs(cpu[1]).max())
