@@ -1,0 +1,134 @@
+"""The examples' training loop against its own jitted step, BF16 and NVFP4, in one process.
+
+    PYTHONPATH=. python benchmarks/train_loop.py --out /tmp/loop.json              # GPU
+    PYTHONPATH=. python benchmarks/train_loop.py --dim 64 --layers 2 --heads 2 \\
+        --batch 8 --seq 64 --steps 60                                              # CPU smoke
+
+For each recipe one `train_llama.Trainer` (compare.py's settings: AdamW, clipping,
+``donate=True``) is measured twice:
+
+* **step**: its compiled step alone, the batch already on the device, the state
+  threaded from call to call (`pallas_kernels.timing.time_fn`);
+* **loop**: `train_llama.train`, the examples' real loop (data, input transfer,
+  metrics every ``--log-every`` steps to ``metrics.jsonl``/``.csv``, progress bar) over
+  ``--steps`` steps; its reported ``step_time_s`` leaves out the first step.
+
+The step is compiled before either is timed, so neither includes compilation. The
+ratio loop / step is the loop's host overhead: 1.0 means the loop runs at device speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+import jax
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+
+import data as data_lib  # noqa: E402
+import train_llama as tl  # noqa: E402
+from llama import LlamaConfig  # noqa: E402
+
+from pallas_kernels import timing  # noqa: E402
+
+
+def jitted_step_seconds(trainer: tl.Trainer, batch: tuple, *, iters: int, reps: int) -> float:
+    """Median seconds per call of the trainer's compiled step on a device-resident batch.
+
+    The state is threaded through the calls (the step donates its input state), so
+    this is the steady state of a loop with no host work at all.
+    """
+    cell = [trainer.init(iters * reps + 8)]
+
+    def one_step():
+        cell[0], _ = trainer.step.jitted(cell[0], batch, mode="recipe")
+        return cell[0]
+
+    return timing.time_fn(one_step, [()], warmup=2, iters=iters, reps=reps)
+
+
+def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, batches: data_lib.Batches, val: list,
+            *, steps: int, iters: int, reps: int, out_dir: str) -> dict:
+    """One recipe: compile, the jitted step alone, then the training loop."""
+    trainer = tl.Trainer(model_cfg, cfg, steps)
+    batch = jax.device_put(batches(0))
+    t0 = time.perf_counter()
+    jax.block_until_ready(trainer.step.jitted(trainer.init(steps), batch, mode="recipe"))
+    compile_s = time.perf_counter() - t0
+    step_s = jitted_step_seconds(trainer, batch, iters=iters, reps=reps)
+    summary = tl.train(trainer, batches, val, steps=steps, out=out_dir, progress=True)
+    loop_s = summary["step_time_s"]
+    return {
+        "recipe": cfg.recipe,
+        "compile_s": compile_s,
+        "step_ms": step_s * 1e3,
+        "loop_ms": loop_s * 1e3,
+        "loop_over_step": loop_s / step_s,
+        "loop_steps": summary["steps"],
+        "compilations": summary["compilations"],
+        "final_train_bpb": summary["final_train_bpb"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="compute dtype; auto: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--recipes", default="bf16,nvfp4")
+    p.add_argument("--steps", type=int, default=100, help="training-loop steps per recipe")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--iters", type=int, default=5, help="jitted-step samples (time_fn iters)")
+    p.add_argument("--reps", type=int, default=4, help="steps per sample (time_fn reps)")
+    p.add_argument("--data", default=None,
+                   help="a text tree to train on (default: this interpreter's Python sources)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    a = p.parse_args(argv)
+    if a.steps < 3:
+        raise ValueError(f"--steps must be at least 3 (the first step is not timed), got {a.steps}")
+    corpus = data_lib.load_corpus([a.data] if a.data else None, suffix=None if a.data else ".py")
+    model_cfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads,
+                            dtype=tl.compute_dtype(a.dtype))
+    base = tl.RunConfig(batch=a.batch, seq=a.seq, lr=1.5e-3, seed=a.seed, log_every=a.log_every,
+                        eval_batches=1, eval_bf16_forward=False)
+    batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=a.seed)
+    val = data_lib.validation_batches(corpus.val, batch=a.batch, seq=a.seq, max_batches=1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for recipe in [r for r in a.recipes.split(",") if r]:
+            cfg = dataclasses.replace(base, recipe=recipe)
+            rows.append(measure(model_cfg, cfg, batches, val, steps=a.steps, iters=a.iters,
+                                reps=a.reps, out_dir=os.path.join(tmp, recipe)))
+    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:] if argv is None
+                                   else [os.path.relpath(__file__), *argv])
+    result = {**timing.environment(), "command": command, "model": vars(a),
+              "compute_dtype": model_cfg.dtype, "rows": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"{result['device']}, jax {result['jax']}, {result['date']}")
+    print(f"command: {command}")
+    print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
+          f"compute {model_cfg.dtype}; loop: {a.steps} steps, metrics every {a.log_every}")
+    print("| recipe | compile s | jitted step ms | loop ms/step | loop / step |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['recipe']} | {r['compile_s']:.1f} | {r['step_ms']:.2f} | {r['loop_ms']:.2f} | "
+              f"{r['loop_over_step']:.2f} |")
+    return result
+
+
+if __name__ == "__main__":
+    main()
