@@ -14,7 +14,8 @@ For each recipe one `train_llama.Trainer` (compare.py's settings: AdamW, clippin
   ``--steps`` steps; its reported ``step_time_s`` leaves out the first step.
 
 The step is compiled before either is timed, so neither includes compilation. The
-ratio loop / step is the loop's host overhead: 1.0 means the loop runs at device speed.
+two are measured alternately ``--repeats`` times (medians reported). The ratio
+loop / step is the loop's host overhead: 1.0 means the loop runs at device speed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -55,22 +57,28 @@ def jitted_step_seconds(trainer: tl.Trainer, batch: tuple, *, iters: int, reps: 
 
 
 def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, batches: data_lib.Batches, val: list,
-            *, steps: int, iters: int, reps: int, out_dir: str) -> dict:
-    """One recipe: compile, the jitted step alone, then the training loop."""
+            *, steps: int, iters: int, reps: int, repeats: int, out_dir: str) -> dict:
+    """One recipe: compile, then ``repeats`` times the jitted step alone and the loop."""
     trainer = tl.Trainer(model_cfg, cfg, steps)
     batch = jax.device_put(batches(0))
     t0 = time.perf_counter()
     jax.block_until_ready(trainer.step.jitted(trainer.init(steps), batch, mode="recipe"))
     compile_s = time.perf_counter() - t0
-    step_s = jitted_step_seconds(trainer, batch, iters=iters, reps=reps)
-    summary = tl.train(trainer, batches, val, steps=steps, out=out_dir, progress=True)
-    loop_s = summary["step_time_s"]
+    step_s, loop_s = [], []
+    for r in range(repeats):  # alternated, so that a drifting machine load hits both alike
+        step_s.append(jitted_step_seconds(trainer, batch, iters=iters, reps=reps))
+        summary = tl.train(trainer, batches, val, steps=steps, out=f"{out_dir}_{r}",
+                           progress=True)
+        loop_s.append(summary["step_time_s"])
+    ratios = [b / a for a, b in zip(step_s, loop_s)]
     return {
         "recipe": cfg.recipe,
         "compile_s": compile_s,
-        "step_ms": step_s * 1e3,
-        "loop_ms": loop_s * 1e3,
-        "loop_over_step": loop_s / step_s,
+        "step_ms": statistics.median(step_s) * 1e3,
+        "loop_ms": statistics.median(loop_s) * 1e3,
+        "loop_over_step": statistics.median(ratios),
+        "step_ms_all": [t * 1e3 for t in step_s],
+        "loop_ms_all": [t * 1e3 for t in loop_s],
         "loop_steps": summary["steps"],
         "compilations": summary["compilations"],
         "final_train_bpb": summary["final_train_bpb"],
@@ -91,6 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--iters", type=int, default=5, help="jitted-step samples (time_fn iters)")
     p.add_argument("--reps", type=int, default=4, help="steps per sample (time_fn reps)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="measurements of each (medians reported; the ratio is the median of "
+                        "the per-repeat ratios)")
     p.add_argument("--data", default=None,
                    help="a text tree to train on (default: this interpreter's Python sources)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
         for recipe in [r for r in a.recipes.split(",") if r]:
             cfg = dataclasses.replace(base, recipe=recipe)
             rows.append(measure(model_cfg, cfg, batches, val, steps=a.steps, iters=a.iters,
-                                reps=a.reps, out_dir=os.path.join(tmp, recipe)))
+                                reps=a.reps, repeats=a.repeats,
+                                out_dir=os.path.join(tmp, recipe)))
     command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:] if argv is None
                                    else [os.path.relpath(__file__), *argv])
     result = {**timing.environment(), "command": command, "model": vars(a),
@@ -121,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{result['device']}, jax {result['jax']}, {result['date']}")
     print(f"command: {command}")
     print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
-          f"compute {model_cfg.dtype}; loop: {a.steps} steps, metrics every {a.log_every}")
+          f"compute {model_cfg.dtype}; loop: {a.steps} steps, metrics every {a.log_every}; "
+          f"medians of {a.repeats}")
     print("| recipe | compile s | jitted step ms | loop ms/step | loop / step |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
