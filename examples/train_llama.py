@@ -278,7 +278,9 @@ def train(
 
     Returns:
       The summary dict (also written to ``<out>/summary.json``); ``final_state``
-      holds the last `TrainState`.
+      holds the last `TrainState`. ``step_time_s`` is the training steps' time after
+      the first step (which compiles), without the evaluations, diagnostics and
+      checkpoints in between (``paused_s``); ``train_wall_s`` is everything.
     """
     cfg = trainer.cfg
     stop_at = steps if stop_at is None else min(stop_at, steps)
@@ -312,6 +314,7 @@ def train(
     in_flight: collections.deque = collections.deque()
     t_start = time.perf_counter()
     t_warm = None  # after the first step (compilation, unless already compiled)
+    paused = 0.0  # in evaluations, diagnostics and checkpoints
     done = first
     if progress and first < stop_at and trainer.step.num_compiled() == 0:
         print(f"[{cfg.recipe}] compiling the training step…", flush=True)
@@ -334,19 +337,29 @@ def train(
             if cfg.log_every and (done % cfg.log_every == 0 or done == stop_at):
                 write_pending()  # the previous log point's record: finished by now
                 pending.add(done, {**metrics, "mode": mode, "tokens": done * cfg.batch * cfg.seq})
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < stop_at:
+            evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < stop_at
+            diagnose = (cfg.diag_every and done % cfg.diag_every == 0
+                        and trainer.report is not None)
+            save = ckpt is not None and ckpt_every and done % ckpt_every == 0
+            if evaluate or diagnose or save:
+                # These wait for the device anyway; timed apart from the training steps,
+                # which finish first.
                 write_pending()  # records stay in step order
-                v = trainer.evaluate(state.params, val, mode)
-                curve.append((done, v))
-                if logger:
-                    logger.log(done, {"val_bits_per_byte": v})
-            if cfg.diag_every and done % cfg.diag_every == 0 and trainer.report is not None:
-                _, stats = trainer.diag_step(state.params, batch, mode=mode)
-                if logger:
-                    write_pending()
-                    logger.log(done, diagnostics.flatten(stats, prefix="diag/"), csv=False)
-            if ckpt is not None and ckpt_every and done % ckpt_every == 0:
-                ckpt.save(state, metadata={"recipe": cfg.recipe})
+                jax.block_until_ready(state.params)
+                t_pause = time.perf_counter()
+                if evaluate:
+                    v = trainer.evaluate(state.params, val, mode)
+                    curve.append((done, v))
+                    if logger:
+                        logger.log(done, {"val_bits_per_byte": v})
+                if diagnose:
+                    _, stats = jax.block_until_ready(trainer.diag_step(state.params, batch,
+                                                                       mode=mode))
+                    if logger:
+                        logger.log(done, diagnostics.flatten(stats, prefix="diag/"), csv=False)
+                if save:
+                    ckpt.save(state, metadata={"recipe": cfg.recipe})
+                paused += time.perf_counter() - t_pause
             bar.update(1)
     finally:
         feed.close()
@@ -374,7 +387,8 @@ def train(
         "final_val_bpb": val_bpb,
         "val_curve": curve,
         "final_mode": final_mode,
-        "step_time_s": (t_end - t_warm) / (ran - 1) if t_warm and ran > 1 else None,
+        "step_time_s": (t_end - t_warm - paused) / (ran - 1) if t_warm and ran > 1 else None,
+        "paused_s": paused,
         "first_step_s": (t_warm - t_start) if t_warm else None,
         "train_wall_s": t_end - t_start,
         "compilations": trainer.step.num_compiled(),

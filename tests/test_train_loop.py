@@ -71,6 +71,7 @@ def test_loop_matches_the_step_by_step_loop_bit_for_bit(setup, tmp_path):
     assert [r["step"] for r in records] == sorted(r["step"] for r in records)
     assert ["loss" in r for r in records if r["step"] == 2] == [True, False]  # then val
     assert summary["compilations"] == 1 and summary["tokens_seen"] == STEPS * 2 * 8
+    assert summary["paused_s"] > 0 and summary["step_time_s"] > 0  # evaluations timed apart
 
 
 def test_prefetcher_yields_every_batch_in_order_on_the_device_and_ends_cleanly():
