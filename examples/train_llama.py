@@ -10,11 +10,18 @@ keys), `fp4jax.metrics_log` (``metrics.jsonl``/``.csv``, a progress bar),
 optionally `fp4jax.checkpoint` and per-layer quantization diagnostics. The run
 writes ``summary.json`` and prints tokens seen, epochs, the final validation loss in
 bits per byte and the step time.
+
+The loop runs at the device's speed: a background thread prepares the batches and
+puts them on the device ahead (`data.DevicePrefetcher`), the step number is the
+loop's counter, and metrics stay on the device until the next log point fetches
+them (`fp4jax.metrics_log.PendingMetrics`). Only evaluation, diagnostics and
+checkpoints wait for the device, at their own intervals.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -37,6 +44,13 @@ from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 import fp4jax  # noqa: E402
 from fp4jax import diagnostics, metrics_log  # noqa: E402
 from fp4jax import train as train_lib  # noqa: E402
+
+STEPS_AHEAD = 3
+"""Steps the loop may dispatch before the device finished them: enough to hide the
+host's work between steps, few enough that a deadline is kept within a few steps."""
+
+PREFETCH = 2
+"""Batches the input pipeline keeps ready on the device (double buffering)."""
 
 RECIPES = {
     "bf16": None,  # the plain, unconverted model
@@ -201,23 +215,23 @@ class Trainer:
         steps = max(int(steps), 1)
         state = self.init(steps + 1)
         t0 = time.perf_counter()
-        for i in range(steps + 1):
-            if i == 1:
-                jax.block_until_ready(state.params)
-                t1 = time.perf_counter()
-            x, y = batches(i)
-            state, _ = self.step(state, (jnp.asarray(x), jnp.asarray(y)), step=i)
+        with data_lib.DevicePrefetcher(batches, 0, steps + 1, depth=PREFETCH) as feed:
+            for i, batch in feed:  # the training loop's input pipeline, without logging
+                if i == 1:
+                    jax.block_until_ready(state.params)
+                    t1 = time.perf_counter()
+                state, _ = self.step(state, batch, step=i)
         jax.block_until_ready(state.params)
         t2 = time.perf_counter()
         final_mode = "recipe"
         if self.cfg.bf16_forward_tail > 0:
             final_mode = "bf16_forward"
-            state, _ = self.step.jitted(state, tuple(map(jnp.asarray, batches(0))), mode=final_mode)
+            state, _ = self.step.jitted(state, jax.device_put(batches(0)), mode=final_mode)
+        val = jax.device_put(val)  # as `train` holds it
         modes = [final_mode] + (
             ["bf16"] if self.report is not None and self.cfg.eval_bf16_forward else [])
         for mode in modes:  # compile
-            jax.block_until_ready(self.eval_step(state.params, tuple(map(jnp.asarray, val[0])),
-                                                 mode=mode))
+            jax.block_until_ready(self.eval_step(state.params, val[0], mode=mode))
         t3 = time.perf_counter()
         for mode in modes:
             self.evaluate(state.params, val, mode)
@@ -226,9 +240,9 @@ class Trainer:
                 "eval_compile_s": t3 - t2, "eval_s": t4 - t3}
 
     def evaluate(self, params: Any, val: list, mode: str = "recipe") -> float:
-        """Mean validation loss in bits per byte."""
-        losses = [self.eval_step(params, (jnp.asarray(x), jnp.asarray(y)), mode=mode)["loss"]
-                  for x, y in val]
+        """Mean validation loss in bits per byte (waits for the device)."""
+        losses = [self.eval_step(params, tuple(map(jnp.asarray, b)), mode=mode)["loss"]
+                  for b in val]
         return float(np.mean(jax.device_get(losses))) / math.log(2.0)
 
 
@@ -254,16 +268,19 @@ def train(
       steps: planned steps.
       stop_at: stop after this many steps (same schedules, so a shorter run
         matches the first ``stop_at`` steps of the full one).
-      deadline: stop when `time.perf_counter` passes it (checked between steps).
+      deadline: stop when `time.perf_counter` passes it (checked as each step is
+        dispatched, at most `STEPS_AHEAD` steps before the device runs it).
       out: directory for ``metrics.jsonl``/``.csv``, ``summary.json``, ``policy.txt``.
       ckpt_dir: save checkpoints here every ``ckpt_every`` steps and at the end;
         resume from the latest one if present.
       ckpt_every: steps between checkpoints.
-      progress: show a progress bar.
+      progress: show a progress bar (its metrics are those of the previous log point).
 
     Returns:
       The summary dict (also written to ``<out>/summary.json``); ``final_state``
-      holds the last `TrainState`.
+      holds the last `TrainState`. ``step_time_s`` is the training steps' time after
+      the first step (which compiles), without the evaluations, diagnostics and
+      checkpoints in between (``paused_s``); ``train_wall_s`` is everything.
     """
     cfg = trainer.cfg
     stop_at = steps if stop_at is None else min(stop_at, steps)
@@ -277,46 +294,78 @@ def train(
         if ckpt.latest_step() is not None:
             state = ckpt.restore(state)
             print(f"resumed from step {int(state.step)} in {ckpt_dir}")
-    first = int(state.step)
+    first = int(state.step)  # from here on, the loop counter is the step number
     logger = metrics_log.MetricsLogger(out, append=first > 0) if out else None
     bar = metrics_log.progress(total=stop_at, initial=first, desc=cfg.recipe,
                                disable=None if progress else True)
+    val = jax.device_put(val)  # every evaluation reuses these device copies
     curve: list[tuple[int, float]] = []
+    pending = metrics_log.PendingMetrics()
+    last: dict[str, Any] = {}
+
+    def write_pending() -> None:
+        """Fetches and writes the records held (one transfer); shows the newest."""
+        nonlocal last
+        for step, rec in pending.fetch():
+            last = logger.log(step, rec) if logger else rec
+        if last:
+            bar.set_postfix(bpb=f"{last['bits_per_byte']:.3f}", gnorm=f"{last['grad_norm']:.2f}")
+
+    in_flight: collections.deque = collections.deque()
     t_start = time.perf_counter()
     t_warm = None  # after the first step (compilation, unless already compiled)
+    paused = 0.0  # in evaluations, diagnostics and checkpoints
     done = first
-    last: dict[str, Any] = {}
     if progress and first < stop_at and trainer.step.num_compiled() == 0:
         print(f"[{cfg.recipe}] compiling the training step…", flush=True)
-    for i in range(first, stop_at):
-        if deadline is not None and i > first and time.perf_counter() > deadline:
-            break
-        x, y = batches(i)
-        batch = (jnp.asarray(x), jnp.asarray(y))
-        state, metrics = trainer.step(state, batch, step=i)
-        done = i + 1
-        if i == first:
-            jax.block_until_ready(state.params)
-            t_warm = time.perf_counter()
-        mode = trainer.step.mode(i)
-        if cfg.log_every and (done % cfg.log_every == 0 or done == stop_at):
-            rec = {**metrics, "mode": mode, "tokens": done * cfg.batch * cfg.seq}
-            last = logger.log(done, rec) if logger else metrics_log.to_host(rec)
-            bar.set_postfix(bpb=f"{last['bits_per_byte']:.3f}", gnorm=f"{last['grad_norm']:.2f}")
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < stop_at:
-            v = trainer.evaluate(state.params, val, mode)
-            curve.append((done, v))
-            if logger:
-                logger.log(done, {"val_bits_per_byte": v})
-        if cfg.diag_every and done % cfg.diag_every == 0 and trainer.report is not None:
-            _, stats = trainer.diag_step(state.params, batch, mode=mode)
-            if logger:
-                logger.log(done, diagnostics.flatten(stats, prefix="diag/"), csv=False)
-        if ckpt is not None and ckpt_every and done % ckpt_every == 0:
-            ckpt.save(state, metadata={"recipe": cfg.recipe})
-        bar.update(1)
+    feed = data_lib.DevicePrefetcher(batches, first, stop_at, depth=PREFETCH)
+    try:
+        for i, batch in feed:
+            if deadline is not None and i > first and time.perf_counter() > deadline:
+                break
+            mode = trainer.step.mode(i)
+            state, metrics = trainer.step(state, batch, step=i)
+            done = i + 1
+            if i == first:
+                jax.block_until_ready(state.params)
+                t_warm = time.perf_counter()
+            # Flow control: wait for the step STEPS_AHEAD back, never the one just
+            # dispatched, so the device always has the next steps queued.
+            in_flight.append(metrics["loss"])
+            if len(in_flight) > STEPS_AHEAD:
+                jax.block_until_ready(in_flight.popleft())
+            if cfg.log_every and (done % cfg.log_every == 0 or done == stop_at):
+                write_pending()  # the previous log point's record: finished by now
+                pending.add(done, {**metrics, "mode": mode, "tokens": done * cfg.batch * cfg.seq})
+            evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < stop_at
+            diagnose = (cfg.diag_every and done % cfg.diag_every == 0
+                        and trainer.report is not None)
+            save = ckpt is not None and ckpt_every and done % ckpt_every == 0
+            if evaluate or diagnose or save:
+                # These wait for the device anyway; timed apart from the training steps,
+                # which finish first.
+                write_pending()  # records stay in step order
+                jax.block_until_ready(state.params)
+                t_pause = time.perf_counter()
+                if evaluate:
+                    v = trainer.evaluate(state.params, val, mode)
+                    curve.append((done, v))
+                    if logger:
+                        logger.log(done, {"val_bits_per_byte": v})
+                if diagnose:
+                    _, stats = jax.block_until_ready(trainer.diag_step(state.params, batch,
+                                                                       mode=mode))
+                    if logger:
+                        logger.log(done, diagnostics.flatten(stats, prefix="diag/"), csv=False)
+                if save:
+                    ckpt.save(state, metadata={"recipe": cfg.recipe})
+                paused += time.perf_counter() - t_pause
+            bar.update(1)
+    finally:
+        feed.close()
     jax.block_until_ready(state.params)
     t_end = time.perf_counter()
+    write_pending()
     bar.close()
     if ckpt is not None:
         if ckpt.latest_step() != done:
@@ -338,7 +387,8 @@ def train(
         "final_val_bpb": val_bpb,
         "val_curve": curve,
         "final_mode": final_mode,
-        "step_time_s": (t_end - t_warm) / (ran - 1) if t_warm and ran > 1 else None,
+        "step_time_s": (t_end - t_warm - paused) / (ran - 1) if t_warm and ran > 1 else None,
+        "paused_s": paused,
         "first_step_s": (t_warm - t_start) if t_warm else None,
         "train_wall_s": t_end - t_start,
         "compilations": trainer.step.num_compiled(),

@@ -2,11 +2,15 @@
 
 `MetricsLogger` writes one record per `MetricsLogger.log` call. Values may be JAX
 arrays: they are fetched to the host there (a device sync), so log every N steps,
-not every step, in fast loops. JSONL gets every record; the CSV gets the records
-logged with ``csv=True`` (the default), its columns growing as new keys appear (the
-file is rewritten then; keep bulky records such as per-layer diagnostics out of it).
-TensorBoard needs ``tensorboardX`` or ``torch``; without either,
-``tensorboard=True`` raises `ImportError` at construction.
+not every step, in fast loops. `PendingMetrics` holds records of device values and
+fetches them later, together, with one `jax.device_get`: a loop that fetches the
+previous log point's records never waits for the step it just dispatched.
+
+JSONL gets every record; the CSV gets the records logged with ``csv=True`` (the
+default), its columns growing as new keys appear (the file is rewritten then; keep
+bulky records such as per-layer diagnostics out of it). TensorBoard needs
+``tensorboardX`` or ``torch``; without either, ``tensorboard=True`` raises
+`ImportError` at construction.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ def to_host(metrics: Mapping[str, Any]) -> dict[str, Any]:
       >>> to_host({"loss": jnp.float32(2.5), "mode": "recipe"})
       {'loss': 2.5, 'mode': 'recipe'}
     """
-    fetched = jax.device_get(dict(metrics))
+    return _scalars(jax.device_get(dict(metrics)))
+
+
+def _scalars(fetched: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in fetched.items():
         if isinstance(v, (str, bool, type(None))):
@@ -49,6 +56,46 @@ def to_host(metrics: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"metric {k!r} is not a scalar (shape {a.shape})")
             out[k] = int(a) if np.issubdtype(a.dtype, np.integer) else float(a)
     return out
+
+
+class PendingMetrics:
+    """Metrics records held on the device and fetched together, later.
+
+    `add` keeps a record of device values (no transfer); `fetch` brings every record
+    held to the host with one `jax.device_get` and returns them in the order added,
+    as `to_host` would. A training loop that adds a record every N steps and fetches
+    the earlier ones just before, waits only for steps long finished: the device is
+    never left idle for a log line.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from fp4jax.metrics_log import PendingMetrics
+      >>> pending = PendingMetrics()
+      >>> pending.add(10, {"loss": jnp.float32(2.5), "mode": "recipe"})
+      >>> pending.add(20, {"loss": jnp.float32(2.0), "mode": "recipe"})
+      >>> len(pending), pending.fetch()
+      (2, [(10, {'loss': 2.5, 'mode': 'recipe'}), (20, {'loss': 2.0, 'mode': 'recipe'})])
+      >>> pending.fetch()
+      []
+    """
+
+    def __init__(self) -> None:
+        self._records: list[tuple[int, dict[str, Any]]] = []
+
+    def add(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Holds ``metrics`` (device arrays stay on the device) for ``step`` (a host int)."""
+        self._records.append((int(step), dict(metrics)))
+
+    def fetch(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every record held, as ``(step, host values)``, oldest first; then holds none."""
+        records, self._records = self._records, []
+        if not records:
+            return []
+        fetched = jax.device_get([m for _, m in records])
+        return [(step, _scalars(m)) for (step, _), m in zip(records, fetched)]
+
+    def __len__(self) -> int:
+        return len(self._records)
 
 
 def _json_value(v: Any) -> Any:

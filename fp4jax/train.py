@@ -203,11 +203,12 @@ class TrainStep:
     """A jit-compiled training step; one compiled program per precision mode.
 
     Call it as ``state, metrics = step(state, batch, step=i)``. ``step`` (a host
-    int equal to ``state.step``) selects the schedule's mode without a device sync;
-    omitted, it is read from ``state.step`` (which waits for the previous step). A
-    ``step`` that disagrees with ``state.step`` is a `ValueError`: it is checked
-    against the step count this object returned last time, so only the first call
-    on a state from elsewhere (a fresh or restored one) reads ``state.step``.
+    int equal to ``state.step``) selects the schedule's mode. This object keeps the
+    host copy of the step count of the state it returned last, so calls on that
+    state never wait for the device: omitted, ``step`` is that copy; passed, it is
+    checked against it (a mismatch is a `ValueError`). Only the first call on a state
+    from elsewhere (a fresh or restored one) reads ``state.step``, which waits for
+    the device.
 
     Args:
       loss_fn: ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``); with
@@ -330,15 +331,16 @@ class TrainStep:
         return new_state, metrics
 
     def _check_step(self, state: TrainState, step: Any) -> int:
-        """The host step number, checked against ``state.step`` without a device sync
-        when ``state.step`` is the one this object returned last."""
-        if step is None:
-            return int(state.step)
-        if isinstance(step, bool) or not hasattr(step, "__index__"):
+        """The host step number: the host copy kept for the state this object returned
+        last (no device sync), else read from ``state.step``; ``step`` is checked
+        against it."""
+        if step is not None and (isinstance(step, bool) or not hasattr(step, "__index__")):
             raise TypeError(f"step must be an int (the host copy of state.step), got {step!r}")
-        step = operator.index(step)
         last = self._last_step
         actual = last[1] if last is not None and state.step is last[0] else int(state.step)
+        if step is None:
+            return actual
+        step = operator.index(step)
         if step != actual:
             raise ValueError(
                 f"step={step} but state.step is {actual}: pass the step number of the state "

@@ -225,3 +225,30 @@ def test_keys_and_step_numbers_are_checked():
     with pytest.raises(ValueError, match="has_state=True"):
         TrainStep(lambda p, b: 0.0, tx)(init_state({"w": jnp.ones(2)}, tx, 0,
                                                    model_state={"n": jnp.zeros(2)}), 1.0, step=0)
+
+
+def test_step_number_without_step_arg_is_a_host_counter_not_a_device_read(monkeypatch):
+    """Chained calls without ``step=`` never read ``state.step`` back to the host (that
+    would wait for the previous step): the step keeps the host count of the state it
+    returned, and the schedule still switches precision at the right step."""
+    tx = optax.sgd(0.1)
+    train_step = TrainStep(lambda p, b: jnp.sum(p["w"] * b), tx,
+                           schedule=PrecisionSchedule(switch_step=2))
+    batch = jnp.ones(3)
+    state, _ = train_step(init_state({"w": jnp.ones(3)}, tx, 0), batch)  # fresh: read once
+
+    def read_back(*args, **kwargs):
+        raise AssertionError("state.step was read back to the host")
+
+    array_type = type(state.step)
+    for name in ("__int__", "__index__", "__float__", "__bool__", "__array__", "item", "tolist"):
+        monkeypatch.setattr(array_type, name, read_back)
+    traces = [train_step.traces]
+    for _ in range(3):
+        state, _ = train_step(state, batch)
+        traces.append(train_step.traces)
+    monkeypatch.undo()
+    assert int(state.step) == 4
+    assert traces == [1, 1, 2, 2]  # "bf16_forward" compiled when step 2 came, not before
+    with pytest.raises(ValueError, match="state.step is 4"):
+        train_step(state, batch, step=3)  # a wrong host step is still caught, from the copy
