@@ -84,6 +84,8 @@ class RunConfig:
       eval_batches: validation batches per evaluation.
       log_every: steps between metric records.
       diag_every: steps between quantization diagnostics (0: never).
+      impl: GEMM/quantization implementation of the NVFP4 layers (`fp4jax.implementation`:
+        ``"auto"`` takes the Hopper kernels where they are faster, XLA elsewhere).
       eval_bf16_forward: also evaluate a quantized run's final weights with every
         GEMM in BF16 (one more compilation).
     """
@@ -106,6 +108,7 @@ class RunConfig:
     log_every: int = 10
     diag_every: int = 0
     eval_bf16_forward: bool = True
+    impl: str = "auto"
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
@@ -178,7 +181,7 @@ class Trainer:
                 recipe=recipe_fn(),
                 extra_rules=[fp4jax.flax.Rule(pattern=p, recipe=None) for p in cfg.keep_patterns],
             )
-            self.report = fp4jax.flax.nnx.quantize(self.model, policy)
+            self.report = fp4jax.flax.nnx.quantize(self.model, policy, impl=cfg.impl)
         loss_fn, self.params0 = train_lib.nnx_loss_fn(self.model, loss_and_metrics)
         schedule = train_lib.PrecisionSchedule.bf16_forward_tail(
             total_steps=total_steps, fraction=cfg.bf16_forward_tail
