@@ -63,10 +63,13 @@ def gpu_capability() -> tuple[int, int] | None:
 def auto_prefers_gemm_kernel(m: int, n: int, k: int) -> bool:
     """Whether ``"auto"`` sends an (M, K) × (K, N) NVFP4 GEMM to the Hopper kernel.
 
-    The measured crossover (docs/BENCHMARKS.md): the kernel beats the XLA
-    decode-and-dot path on skinny (M ≤ 64) shapes and up to 4096³, and loses at 8192³.
+    Measured on the H200 (docs/BENCHMARKS.md, 2026-11-30): the kernel beats the XLA
+    decode-and-dot path on skinny shapes (M = 16 and 64 at 8192², 0.61× its time) and
+    loses on square ones (4096³: 1.27× its time; 8192³: 1.44×). Unmeasured shapes
+    follow the nearer side: M ≤ 64 takes the kernel.
     """
-    return m <= 64 or max(m, n, k) <= 4096
+    del n, k  # the crossover measured so far depends on M only
+    return m <= 64
 
 
 def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:

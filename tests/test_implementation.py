@@ -63,9 +63,11 @@ def test_unknown_impl_rejected():
 
 
 def test_auto_policy_follows_the_measured_crossover():
-    """The GEMM kernel is used for skinny and <= 4096 shapes, XLA at 8192^3 (H200 data)."""
+    """The GEMM kernel is used for skinny shapes (M <= 64), XLA at 4096^3 and 8192^3 (H200
+    data of 2026-11-30); every quantization the kernels take goes to them."""
     assert implementation.auto_prefers_gemm_kernel(16, 8192, 8192)
-    assert implementation.auto_prefers_gemm_kernel(4096, 4096, 4096)
+    assert implementation.auto_prefers_gemm_kernel(64, 8192, 8192)
+    assert not implementation.auto_prefers_gemm_kernel(4096, 4096, 4096)
     assert not implementation.auto_prefers_gemm_kernel(8192, 8192, 8192)
     for columnwise in (False, True):
         for stochastic in (False, True):
