@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4jax import implementation
-from fp4jax.numerics import hadamard, scales
+from fp4jax.numerics import hadamard, layout, scales
 from fp4jax.numerics.constants import BLOCK as _BLOCK
 from fp4jax.numerics.constants import E2M1_MAX as _E2M1_MAX
 from fp4jax.numerics.nvfp4_array import NVFP4Array
@@ -690,12 +690,6 @@ class _Canonical:
         return jnp.transpose(db.reshape(shape), np.argsort(self.rhs_perm))
 
 
-def _pad_to_block(x: jax.Array, axis: int) -> jax.Array:
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, -x.shape[axis] % _BLOCK)
-    return jnp.pad(x, widths)
-
-
 def rebuild_gemms(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -728,7 +722,7 @@ def rebuild_gemms(
     def q(t, axis, role):
         op = getattr(r, role)
         if op.hadamard:
-            t = _pad_to_block(t, axis)
+            t = layout.pad_to_block(t, axis)
         return implementation.quantize(
             t, axis=axis, block_2d=op.block_2d, rounding=op.rounding,
             key=jax.random.fold_in(key, _ROLE_IDS[role]) if op.stochastic else None,

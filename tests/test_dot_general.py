@@ -332,6 +332,16 @@ def test_bf16_forward_recipe_keeps_quantized_backward():
 # ---------------------------------------------------------------- sharding
 
 
+def _run_on_8_host_devices(code: str) -> None:
+    """Runs ``code`` in a fresh interpreter with 8 CPU devices; it must print OK."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=root, timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
 def test_sharded_equals_unsharded():
     """Under jit with 8 host devices, sharded inputs give the unsharded result (global amax)."""
     code = textwrap.dedent("""
@@ -363,12 +373,7 @@ def test_sharded_equals_unsharded():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
         print("OK")
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=root)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=root, timeout=600)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    _run_on_8_host_devices(code)
 
 
 def test_explicit_mesh_inputs_quantize_bitwise_and_differentiate():
@@ -411,12 +416,7 @@ def test_explicit_mesh_inputs_quantize_bitwise_and_differentiate():
                                                rtol=2e-2, atol=2e-2 * float(jnp.abs(a).max()))
         print("OK")
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=root)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=root, timeout=600)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    _run_on_8_host_devices(code)
 
 
 def test_unquantized_forward_with_bf16_and_moved_contraction_runs_on_cpu():

@@ -46,50 +46,18 @@ def quantize(
     hadamard_signs: Sequence[int] | None = None,
     amax: jax.typing.ArrayLike | None = None,
 ) -> NVFP4Array:
-    """Quantizes ``x`` to NVFP4 with 16-element blocks along ``axis``.
+    """The pure-JAX reference of `fp4jax.quantize` (same arguments, without ``impl``).
 
-    Steps (docs/RECIPE.md §2, every step in float32): global amax; global encode scale
-    ``ges``; per-block amax; block decode scale ``s = e4m3(min(bamax * fl(ges *
-    fl(1/6)), 448))``; per-block encode scale ``min(1 / (s * gds), FLT_MAX)``;
-    elements ``clamp(x * enc, -6, 6)`` rounded to E2M1 (nearest-even or stochastic),
-    the sign taken from ``v < 0``.
-
-    A partial last block along ``axis`` is **zero-padded** (zeros change no amax);
-    the padding is stored in ``data`` but `dequantize` drops it. With
-    ``hadamard=True`` the length of ``axis`` must be a multiple of 16
-    (`ValueError` otherwise), because the rotation would mix padding into real
-    values.
-
-    Non-finite inputs: if ``x`` holds a NaN or ±inf, the stored ``amax`` is NaN, so
-    every dequantized element and every GEMM output using this tensor is NaN — a
-    non-finite input is never turned into finite values.
-
-    Args:
-      x: float32, bfloat16 or float16 array of rank >= 1.
-      axis: the block (contraction) axis.
-      block_2d: one scale per 16×16 tile spanning ``axis`` and the other of the last
-        two axes (for weights, docs/RECIPE.md §3). ``axis`` must be one of the last two.
-      rounding: ``"nearest"`` (round-to-nearest-even) or ``"stochastic"`` (unbiased;
-        needs ``key``; docs/RECIPE.md §5).
-      key: a ``jax.random`` key, required for stochastic rounding. The same key gives
-        the same bits.
-      hadamard: quantize ``RHT(x)`` along ``axis`` (amax taken after the transform);
-        `dequantize` then returns rotated-domain values.
-      hadamard_signs: the RHT sign vector (16 entries ±1); default
-        `fp4jax.hadamard.DEFAULT_SIGNS`.
-      amax: a precomputed global amax (float scalar), e.g. reduced across devices.
-        Must be at least ``max|x|`` (of the rotated ``x`` with ``hadamard``).
-
-    Returns:
-      An `NVFP4Array`.
+    Every step is float32 in docs/RECIPE.md §2's order, each rounding elision-proof;
+    the Pallas kernels must equal this bit for bit. See `fp4jax.quantize` for the
+    arguments, padding and non-finite semantics.
 
     Example:
-      >>> import jax, jax.numpy as jnp, fp4jax
-      >>> x = jax.random.normal(jax.random.key(0), (4, 64), jnp.bfloat16)
-      >>> q = fp4jax.quantize(x)
-      >>> y = fp4jax.dequantize(q)
-      >>> bool(jnp.all(fp4jax.dequantize(fp4jax.quantize(y)) == y))  # idempotent
-      True
+      >>> import jax, jax.numpy as jnp
+      >>> from fp4jax.reference import quantization
+      >>> q = quantization.quantize(jnp.linspace(-6.0, 6.0, 32).reshape(2, 16))
+      >>> quantization.dequantize(q)[0, :3].tolist()
+      [-6.0, -6.0, -6.0]
     """
     x, axis, hadamard_signs, amax = checks.check_quantize_arguments(
         x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
