@@ -174,30 +174,9 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     bandwidth measured in the same run. Bytes counted: input read + both copies' codes
     and scales written. SR rows are checked bit for bit against the XLA reference.
     """
-    dev = jax.devices()[0]
-    x = (jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-         * jnp.exp2(jax.random.uniform(jax.random.key(1), (m, k), minval=-8, maxval=8))
-         ).astype(jnp.bfloat16)
+    sweep = timing.Sweep(timing.sweep_input(m, k), reps=reps, interpret=interpret)
+    x, add = sweep.x, sweep.add
     rk, ck = jax.random.key(2), jax.random.key(3)
-    in_bytes = m * k * 2
-    inner = 1 if interpret else 20
-    rows: list[dict] = []
-
-    def add(name, fn, out_bytes, check=None, *args):
-        t = timing.time_fn(fn, [args or (x,)], warmup=2, iters=reps, reps=inner)
-        gbs = (in_bytes + out_bytes) / t / 1e9
-        row = {"name": name, "us": t * 1e6, "gbs": gbs}
-        if check is not None:
-            row["bit_exact"] = check()
-        rows.append(row)
-        print(f"{name:58s} {t * 1e6:9.1f} us {gbs:8.1f} GB/s"
-              + (f"  bit-exact={row['bit_exact']}" if check is not None else ""), flush=True)
-
-    t_copy = timing.copy_seconds(x, warmup=2, iters=reps, reps=20)
-    copy_gbs = 2 * in_bytes / t_copy / 1e9
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  shape {m}x{k} bf16")
-    print(f"{'HBM copy (XLA x+1, read+write)':58s} {t_copy * 1e6:9.1f} us {copy_gbs:8.1f} GB/s")
-    rows.append({"name": "copy", "us": t_copy * 1e6, "gbs": copy_gbs})
 
     ref = jax.jit(lambda a: reference(a, rounding="stochastic", row_key=rk, col_key=ck))
     r2 = ref(x)
@@ -223,12 +202,7 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     amax_only = jax.jit(lambda a: amax_pass.run_amax(a, True, hadamard_lib.DEFAULT_SIGNS, cfg,
                                                      interpret))
     add("amax pass alone (max|x| and max|RHT_col x|)", amax_only, 0)
-    for r in rows:
-        r["frac_of_copy"] = r["gbs"] / copy_gbs
-    print("\nfraction of copy bandwidth:")
-    for r in rows:
-        print(f"  {r['name']:58s} {r['frac_of_copy']:6.2f}")
-    return rows
+    return sweep.finish()
 
 
 if __name__ == "__main__":

@@ -74,3 +74,51 @@ def bits_equal(a: Any, b: Any) -> bool:
 
     return all(np.array_equal(u(x), u(y)) for x, y in
                ((a.data, b.data), (a.scales, b.scales), (a.amax, b.amax)))
+
+
+def sweep_input(m: int, k: int) -> jax.Array:
+    """An (m, k) bfloat16 tensor of normal values spread over 16 binades (never zeros)."""
+    x = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    spread = jnp.exp2(jax.random.uniform(jax.random.key(1), (m, k), minval=-8, maxval=8))
+    return (x * spread).astype(jnp.bfloat16)
+
+
+class Sweep:
+    """A kernel file's ``main()`` table: each row a variant's time and GB/s on ``x``.
+
+    The first row is the HBM copy bandwidth measured in the same run.
+    """
+
+    def __init__(self, x: jax.Array, *, reps: int, interpret: bool):
+        self.x, self.reps = x, reps
+        self.inner = 1 if interpret else 20
+        self.in_bytes = x.size * x.dtype.itemsize
+        self.rows: list[dict] = []
+        t_copy = copy_seconds(x, warmup=2, iters=reps, reps=20)
+        copy_gbs = 2 * self.in_bytes / t_copy / 1e9
+        dev = jax.devices()[0]
+        print(f"device: {dev.device_kind}  jax {jax.__version__}  shape "
+              f"{'x'.join(map(str, x.shape))} {x.dtype}")
+        print(f"{'HBM copy (XLA x+1, read+write)':58s} {t_copy * 1e6:9.1f} us {copy_gbs:8.1f} GB/s")
+        self.rows.append({"name": "copy", "us": t_copy * 1e6, "gbs": copy_gbs})
+        self.copy_gbs = copy_gbs
+
+    def add(self, name: str, fn: Callable, out_bytes: int, check: Callable | None = None,
+            *args) -> None:
+        """Times ``fn(*args)`` (default ``fn(x)``); ``check()`` reports bit-exactness."""
+        t = time_fn(fn, [args or (self.x,)], warmup=2, iters=self.reps, reps=self.inner)
+        gbs = (self.in_bytes + out_bytes) / t / 1e9
+        row = {"name": name, "us": t * 1e6, "gbs": gbs}
+        if check is not None:
+            row["bit_exact"] = check()
+        self.rows.append(row)
+        print(f"{name:58s} {t * 1e6:9.1f} us {gbs:8.1f} GB/s"
+              + (f"  bit-exact={row['bit_exact']}" if check is not None else ""), flush=True)
+
+    def finish(self) -> list[dict]:
+        """Adds each row's fraction of the copy bandwidth, prints it, returns the rows."""
+        print("\nfraction of copy bandwidth:")
+        for r in self.rows:
+            r["frac_of_copy"] = r["gbs"] / self.copy_gbs
+            print(f"  {r['name']:58s} {r['frac_of_copy']:6.2f}")
+        return self.rows
