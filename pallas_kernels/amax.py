@@ -18,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -113,13 +112,10 @@ def run_amax(x2: jax.Array, want_rht: bool, signs, config: Any, interpret: bool)
     bm = tp.pick_block(m, config.amax_block_rows, 64 if want_rht else 16)
     bk = tp.pick_block(k, config.amax_block_cols, 128)
     col = tp.OutputSpec(stochastic=False, hadamard=True, signs=signs) if want_rht else None
-    spec = tp.KernelSpec(m, k, x2.dtype, bm, bk, config.amax_stages, 0, None, col)
-    num_tiles, _ = tp.tile_counts(spec)
-    spec = dataclasses.replace(spec, grid=tp.grid_size(
-        num_tiles, num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm,
-        interpret=interpret))
-    stages = tp.pipeline_stages(spec)
-    spec = dataclasses.replace(spec, stages=stages)
+    spec = tp.launch_spec(
+        tp.KernelSpec(m, k, x2.dtype, bm, bk, config.amax_stages, 0, None, col),
+        num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm, interpret=interpret)
+    stages = spec.stages
     overflow = float(bits.OVERFLOW[jnp.dtype(x2.dtype)])
     kern = plgpu.kernel(
         functools.partial(_amax_kernel, spec=spec, overflow=overflow),

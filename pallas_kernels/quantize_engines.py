@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -341,13 +340,10 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
     unit_m = 64 if (col is not None) else 16
     bm = tp.pick_block(m, config.block_rows, unit_m)
     bk = tp.pick_block(k, config.block_cols, 128)
-    spec = tp.KernelSpec(m, k, x2.dtype, bm, bk, config.stages, 0, row, col)
-    num_tiles, _ = tp.tile_counts(spec)
-    spec = dataclasses.replace(spec, grid=tp.grid_size(
-        num_tiles, num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm,
-        interpret=interpret))
-    stages = tp.pipeline_stages(spec)
-    spec = dataclasses.replace(spec, stages=stages)
+    spec = tp.launch_spec(
+        tp.KernelSpec(m, k, x2.dtype, bm, bk, config.stages, 0, row, col),
+        num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm, interpret=interpret)
+    stages = spec.stages
     out_types = []
     if row is not None:
         out_types.append(jax.ShapeDtypeStruct((m // 16, 16, k // 16, 8), jnp.uint8))

@@ -175,6 +175,15 @@ def pipeline_stages(spec: KernelSpec) -> int:
     return max(1, min(spec.stages, SMEM_BUDGET // tile_bytes, -(-num_tiles // spec.grid)))
 
 
+def launch_spec(spec: KernelSpec, *, num_ctas: int | None, ctas_per_sm: int,
+                interpret: bool) -> KernelSpec:
+    """``spec`` with its persistent grid size and its pipeline depth filled in."""
+    num_tiles, _ = tile_counts(spec)
+    spec = dataclasses.replace(spec, grid=grid_size(
+        num_tiles, num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, interpret=interpret))
+    return dataclasses.replace(spec, stages=pipeline_stages(spec))
+
+
 def pick_block(extent: int, want: int, unit: int) -> int:
     """Largest multiple of ``unit`` that is <= ``want`` and divides ``extent``."""
     b = max(unit, want - want % unit)
