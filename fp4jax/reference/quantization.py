@@ -149,23 +149,13 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
 
 
 def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:
-    """Decodes an `NVFP4Array` to a dense array (docs/RECIPE.md §2.7).
-
-    ``x̂ = fl(e2m1(code) * fl(fl(f32(s) * amax) * fl(1/2688)))`` per element, then cast
-    to ``dtype``. Padding is dropped. For ``q.hadamard`` the result is in the rotated
-    domain.
-
-    Args:
-      q: the quantized tensor.
-      dtype: output dtype (a float type).
-
-    Returns:
-      Array of shape ``q.shape`` and dtype ``dtype``.
+    """The pure-JAX decode behind `fp4jax.dequantize` (docs/RECIPE.md §2.7); see there.
 
     Example:
-      >>> import jax.numpy as jnp, fp4jax
+      >>> import jax.numpy as jnp
+      >>> from fp4jax.reference import quantization
       >>> x = jnp.array([[0.0, 1.0, -2.0, 6.0] * 4])
-      >>> fp4jax.dequantize(fp4jax.quantize(x))[0, :4].tolist()
+      >>> quantization.dequantize(quantization.quantize(x))[0, :4].tolist()
       [0.0, 1.0, -2.0, 6.0]
     """
     if not isinstance(q, NVFP4Array):
