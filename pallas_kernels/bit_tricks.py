@@ -188,12 +188,18 @@ def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
 def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     """E2M1 code of ``x * enc`` by the reference's stochastic rounding (8 random bits).
 
-    With spacing ``h`` (0.5, 1, 2) at ``a = min(|x * enc|, 6)`` and ``frac = (a - floor(a /
-    h) * h) / h``, rounds up iff ``float32(2 * u8 + 1) < frac * 512``, as
-    `fp4jax.numerics.rounding.e2m1_code_stochastic`. Every float operation is exact:
-    ``a / h`` is a product with a power of two, ``frac`` a difference of nearby values,
-    ``* 512`` a power of two and ``2 * u8 + 1 <= 511`` an integer, so no contraction or
-    reordering by a compiler can change a bit.
+    The rule of `fp4jax.numerics.rounding.e2m1_code_stochastic`: with grid neighbours
+    ``lo <= a < lo + h`` of ``a = min(|x * enc|, 6)`` and ``frac = (a - lo) / h``, round up
+    iff ``2 * u8 + 1 < 512 * frac``. Computed without any int/float conversion (a quarter-
+    rate instruction on the GPU) and with every float operation exact:
+
+    * ``a >= 1``: the spacing is half the binade, so the code is the float's exponent and
+      top mantissa bit, ``(bits(a) >> 22) - 252``, and ``frac * 2**22`` is the 22 mantissa
+      bits below. Adding ``2**22 - 1 - ((2 * u8 + 1) << 13)`` carries into bit 22 exactly
+      when ``(2 * u8 + 1) << 13`` is below those bits, i.e. when rounding up.
+    * ``a < 1``: the spacing is 0.5: ``512 * frac = 1024 * a - 512 * lo`` (a power-of-two
+      product and a Sterbenz difference, both exact), compared with ``float(2 * u8 + 1)``
+      built from its bits (``2**23 + n - 2**23``, exact).
 
     Args:
       x: float32 values; enc: their float32 encode scales.
@@ -201,13 +207,14 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     """
     v = x * enc
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
-    e = jnp.maximum(_u32(a) >> 23, _U32(127))  # 127 + k, k = 0, 1, 2
-    t = a * _f32((_U32(255) - e) << 23)  # a / h = a * 2**(1-k), exact, in [0, 4)
-    n = _u32(t + 8388608.0) - _U32(0x4B000000)  # RNE(t) as an integer (t < 4)
-    lo = n - jnp.where(n.astype(_F32) > t, _U32(1), _U32(0))  # floor(t)
-    frac = t - lo.astype(_F32)
-    up = ((u8 << 1) | _U32(1)).astype(_F32) < frac * np.float32(512.0)
-    mag = lo + ((e - _U32(127)) << 1) + jnp.where(up, _U32(1), _U32(0))
+    b = _u32(a)
+    big = (b - (u8 << 14) + _U32((0x3FDFFF - (252 << 22)) & 0xFFFFFFFF)) >> 22
+    x1024 = a * np.float32(1024.0)
+    lo = x1024 >= np.float32(512.0)
+    rem = jnp.where(lo, x1024 - np.float32(512.0), x1024)
+    odd = _f32((u8 << 1) | _U32(0x4B000001)) - np.float32(8388608.0)  # float(2 * u8 + 1)
+    small = jnp.where(lo, _U32(1), _U32(0)) + jnp.where(odd < rem, _U32(1), _U32(0))
+    mag = jnp.where(b >= _U32(0x3F800000), big, small)
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 

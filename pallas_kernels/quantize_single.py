@@ -311,7 +311,8 @@ def reference(
 
 def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None = None, *,
          reps: int = 15, interpret: bool = False) -> list[dict]:
-    """Benchmarks `quantize` (BF16 ``(m, k)``, 1D RNE) on the default device; prints a table.
+    """Benchmarks `quantize` (BF16 ``(m, k)``, 1D RNE and SR) on the default device; prints a
+    table.
 
     Against the XLA reference (``jax.jit(reference)``) and the HBM copy bandwidth
     measured in the same run. Bytes counted: input read + codes/scales written (the amax
@@ -325,6 +326,8 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
     x, add = sweep.x, sweep.add
 
     ref_1d = jax.jit(lambda a: quantization.quantize(a))
+    key = jax.random.key(4)
+    ref_sr = jax.jit(lambda a: quantization.quantize(a, rounding="stochastic", key=key))
     r1 = ref_1d(x)
     out1 = timing.nbytes((r1.data, r1.scales))
     add("XLA jit(reference quantize) 1D RNE", ref_1d, out1)
@@ -335,6 +338,10 @@ def main(m: int = 8192, k: int = 8192, configs: Sequence[QuantizeConfig] | None 
         g = jax.jit(lambda a, s, cfg=cfg: quantize(a, amax=s, config=cfg, interpret=interpret))
         add(f"kernel 1D RNE (amax given) {cfg.label}", g, out1,
             lambda g=g: timing.bits_equal(g(x, r1.amax), r1), x, r1.amax)
+        h = jax.jit(lambda a, s, cfg=cfg: quantize(a, amax=s, rounding="stochastic", key=key,
+                                                   config=cfg, interpret=interpret))
+        add(f"kernel 1D SR (amax given) {cfg.label}", h, out1,
+            lambda h=h: timing.bits_equal(h(x, r1.amax), ref_sr(x)), x, r1.amax)
     return sweep.finish()
 
 

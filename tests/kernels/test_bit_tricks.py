@@ -35,6 +35,30 @@ def test_nibble_stochastic_is_the_reference_rounding_for_every_byte():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_nibble_stochastic_is_the_reference_rounding_on_random_float32_bits():
+    """Random float32 bit patterns over [0, 7] (every binade, subnormals included) and every
+    rounding threshold, each
+    with all 256 random bytes and an encode scale of 1 and of a non-power of two: the
+    kernel's code equals `rounding.e2m1_code_stochastic` bit for bit."""
+    rng = np.random.default_rng(1)
+    pattern = rng.integers(0, np.float32(7.0).view(np.uint32), 6000, dtype=np.uint32)
+    # Plus every rounding threshold lo + h * (2j + 1) / 512 (ties of the strict comparison).
+    lo = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0], np.float32)
+    h = np.array([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0], np.float32)
+    ties = (lo[:, None] + h[:, None] * (2 * np.arange(256) + 1) / 512).astype(np.float32)
+    v = np.concatenate([pattern.view(np.float32), ties.ravel()])
+    v = v * np.where(rng.random(v.size) < 0.5, -1, 1).astype(np.float32)
+    u8 = jnp.arange(256, dtype=jnp.uint32)
+    for enc in (np.float32(1.0), np.float32(0.7371)):
+        vv, uu = jnp.broadcast_arrays(jnp.asarray(v)[:, None], u8[None, :])
+        got = jax.jit(bits.nibble_stochastic)(vv, jnp.float32(enc), uu)
+        scaled = vv * jnp.float32(enc)
+        a = jnp.minimum(jnp.abs(scaled), 6.0)
+        want = rounding.e2m1_code_stochastic(a, uu) | jnp.where(scaled < 0, 8, 0).astype(
+            jnp.uint8)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_sr_is_unbiased_to_its_resolution():
     """E[round(0.3)] over all 256 bytes is 0.3 to within h * 2**-9 (h = 0.5), exactly."""
     u8 = jnp.arange(256, dtype=jnp.uint32)
