@@ -10,7 +10,8 @@ of three backends and calls it:
   then uses the reference.
 
 ``impl="auto"`` picks per call: ``"native"`` GEMMs on sm_100+, on sm_90 the kernels
-where they take the problem and the measured policy prefers them (`auto_prefers_gemm_kernel`,
+where they take the problem and the measured policy prefers them (`auto_prefers_gemm_kernel`
+reads the per-shape, per-layout H200 timings of `fp4jax.gemm_table`;
 `auto_prefers_quantize_kernel`), the reference otherwise. An explicit ``impl="pallas"``
 never falls back: a problem the kernel does not take raises `ValueError` with the
 kernel's own reason (its ``supports()`` predicate).
@@ -18,13 +19,14 @@ kernel's own reason (its ``supports()`` predicate).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
-from fp4jax import native_gemm
+from fp4jax import gemm_table, native_gemm
 from fp4jax.numerics import checks, layout
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
@@ -60,16 +62,44 @@ def gpu_capability() -> tuple[int, int] | None:
     return major, minor
 
 
-def auto_prefers_gemm_kernel(m: int, n: int, k: int) -> bool:
+GemmLayout = Literal["fprop", "dgrad", "wgrad"]
+
+
+def gemm_layout(rhs: NVFP4Array, *, lhs_from_mT: bool) -> GemmLayout:  # noqa: N803
+    """Which training GEMM's operand layout a product has: ``"wgrad"`` (``lhs`` is the
+    ``.mT`` view of a tensor blocked along tokens), ``"dgrad"`` (``rhs`` blocked along N:
+    the transposed weight) or ``"fprop"`` (``rhs`` blocked along K)."""
+    if lhs_from_mT:
+        return "wgrad"
+    return "dgrad" if rhs.axis == rhs.ndim - 1 else "fprop"
+
+
+def auto_prefers_gemm_kernel(m: int, n: int, k: int, layout: GemmLayout = "fprop") -> bool:
     """Whether ``"auto"`` sends an (M, K) × (K, N) NVFP4 GEMM to the Hopper kernel.
 
-    Measured on the H200 (docs/BENCHMARKS.md, 2026-11-30): the kernel beats the XLA
-    decode-and-dot path on skinny shapes (M = 16 and 64 at 8192², 0.61× its time) and
-    loses on square ones (4096³: 1.27× its time; 8192³: 1.44×). Unmeasured shapes
-    follow the nearer side: M ≤ 64 takes the kernel.
+    Read from the measured table `fp4jax.gemm_table.MEASURED` (H200; regenerate it with
+    ``benchmarks/gemm_auto_table.py``): the kernel is chosen where it measured faster
+    than the XLA decode-and-dot path. A shape of the table follows its own measurement,
+    so ``"auto"`` is never the slower of the two there. Another shape follows the
+    nearest measured shape of the same layout (distance: the sum of ``|log2|`` ratios of
+    M, N and K).
+
+    Example:
+      >>> auto_prefers_gemm_kernel(16, 8192, 8192, "fprop")  # skinny: 0.57x XLA's time
+      True
+      >>> auto_prefers_gemm_kernel(8192, 8192, 8192, "fprop")  # square: 1.48x
+      False
     """
-    del n, k  # the crossover measured so far depends on M only
-    return m <= 64
+    entries = [(key, t) for key, t in gemm_table.MEASURED.items() if key[0] == layout]
+    if not entries:
+        raise ValueError(f"no measured GEMM table for layout {layout!r}")
+
+    def distance(key):
+        _, mm, nn, kk = key
+        return sum(abs(math.log2(a / b)) for a, b in ((m, mm), (n, nn), (k, kk)))
+
+    _, (xla_ms, pallas_ms) = min(entries, key=lambda e: distance(e[0]))
+    return pallas_ms is not None and xla_ms is not None and pallas_ms < xla_ms
 
 
 def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
@@ -344,7 +374,8 @@ def matmul(
         return gemm.supports(lhs, rhs, lhs_from_mT=lhs_from_mT)
 
     backend = choose(impl, gemm=True, kernel_reason=kernel_reason,
-                     auto_prefers_kernel=auto_prefers_gemm_kernel(m, n, k))
+                     auto_prefers_kernel=auto_prefers_gemm_kernel(
+                         m, n, k, gemm_layout(rhs, lhs_from_mT=lhs_from_mT)))
     if backend == "pallas":
         from pallas_kernels import gemm
 

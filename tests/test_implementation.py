@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fp4jax
-from fp4jax import implementation
+from fp4jax import gemm_table, implementation
 
 _NO_KERNEL = lambda: "the kernel does not take it"  # noqa: E731
 _KERNEL_OK = lambda: None  # noqa: E731
@@ -62,17 +62,33 @@ def test_unknown_impl_rejected():
                            impl="cuda")
 
 
-def test_auto_policy_follows_the_measured_crossover():
-    """The GEMM kernel is used for skinny shapes (M <= 64), XLA at 4096^3 and 8192^3 (H200
-    data of 2026-11-30); every quantization the kernels take goes to them."""
-    assert implementation.auto_prefers_gemm_kernel(16, 8192, 8192)
-    assert implementation.auto_prefers_gemm_kernel(64, 8192, 8192)
-    assert not implementation.auto_prefers_gemm_kernel(4096, 4096, 4096)
-    assert not implementation.auto_prefers_gemm_kernel(8192, 8192, 8192)
+def test_auto_gemm_choice_is_the_faster_measured_implementation_on_every_table_shape():
+    """On every shape of the measured table, auto picks the kernel iff it measured faster
+    than XLA's decode-and-dot (so auto is never the slower one there); unseen shapes
+    follow the nearest measured shape of their layout; every quantization the kernels
+    take goes to them."""
+    assert gemm_table.MEASURED
+    for (layout, m, n, k), (xla_ms, pallas_ms) in gemm_table.MEASURED.items():
+        want = pallas_ms is not None and pallas_ms < xla_ms
+        assert implementation.auto_prefers_gemm_kernel(m, n, k, layout) == want, (layout, m, n, k)
+    (layout, m, n, k), _ = min(gemm_table.MEASURED.items(), key=lambda e: e[0][1:])
+    nearest = implementation.auto_prefers_gemm_kernel(m, n, k, layout)
+    assert implementation.auto_prefers_gemm_kernel(m + 1, n + 2, k + 3, layout) == nearest
+    with pytest.raises(ValueError, match="no measured GEMM table for layout 'fwd'"):
+        implementation.auto_prefers_gemm_kernel(16, 16, 16, "fwd")
     for columnwise in (False, True):
         for stochastic in (False, True):
             assert implementation.auto_prefers_quantize_kernel(
                 columnwise=columnwise, stochastic=stochastic)
+
+
+def test_gemm_layout_names_the_training_gemm():
+    """fprop: rhs blocked along K; dgrad: the transposed tiled weight (blocked along N);
+    wgrad: lhs is the .mT view (lhs_from_mT)."""
+    w = fp4jax.quantize(jnp.ones((64, 32)), axis=0, block_2d=True)
+    assert implementation.gemm_layout(w, lhs_from_mT=False) == "fprop"
+    assert implementation.gemm_layout(w.mT, lhs_from_mT=False) == "dgrad"
+    assert implementation.gemm_layout(w, lhs_from_mT=True) == "wgrad"
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
