@@ -111,8 +111,10 @@ def embed_tokens(embed: nnx.Embed, tokens: jax.Array, lookup: str = "onehot") ->
     table = embed.embedding[...]
     table = table.astype(embed.dtype) if embed.dtype is not None else table
     onehot = jax.nn.one_hot(tokens, embed.num_embeddings, dtype=table.dtype)
-    # HIGHEST: a float32 table must not be rounded to TF32 on the way through the GEMM.
-    return jnp.dot(onehot, table, precision=jax.lax.Precision.HIGHEST)
+    # A float32 table must not be rounded to TF32 on the way through the GEMM; BF16
+    # operands are exact at the default precision.
+    exact = jax.lax.Precision.HIGHEST if table.dtype == jnp.float32 else None
+    return jnp.dot(onehot, table, precision=exact)
 
 
 def rope(x: jax.Array, theta: float) -> jax.Array:
