@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -43,6 +44,7 @@ import data as data_lib  # noqa: E402
 import train_llama as tl  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
+from benchmarks import train_step as ts  # noqa: E402
 from fp4jax import metrics_log  # noqa: E402
 from pallas_kernels import timing  # noqa: E402
 
@@ -50,16 +52,13 @@ from pallas_kernels import timing  # noqa: E402
 def jitted_step_seconds(trainer: tl.Trainer, batch: tuple, *, iters: int, reps: int) -> float:
     """Median seconds per call of the trainer's compiled step on a device-resident batch.
 
-    The state is threaded through the calls (the step donates its input state), so
-    this is the steady state of a loop with no host work at all.
+    `train_step.threaded_step_seconds`, as ``train_step.py`` times it: the state is
+    threaded through the calls (the step donates its input state), so this is the
+    steady state of a loop with no host work at all.
     """
-    cell = [trainer.init(iters * reps + 8)]
-
-    def one_step():
-        cell[0], _ = trainer.step.jitted(cell[0], batch, mode="recipe")
-        return cell[0]
-
-    return timing.time_fn(one_step, [()], warmup=2, iters=iters, reps=reps)
+    step = functools.partial(trainer.step.jitted, mode="recipe")
+    return ts.threaded_step_seconds(step, trainer.init(iters * reps + 8), batch, iters=iters,
+                                    reps=reps)
 
 
 def _loop_seconds(trainer: tl.Trainer, steps: int, body) -> float:
@@ -163,12 +162,14 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="compute dtype; auto: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--recipes", default="bf16,nvfp4")
+    p.add_argument("--embed", default="onehot", choices=["onehot", "gather"],
+                   help="the embedding lookup (LlamaConfig.embed_lookup)")
     p.add_argument("--steps", type=int, default=100, help="training-loop steps per recipe")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--iters", type=int, default=5, help="jitted-step samples (time_fn iters)")
@@ -183,13 +184,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
+    a.heads = a.heads or ts.default_heads(a.dim)
     if a.steps < 3:
         raise ValueError(f"--steps must be at least 3 (the first step is not timed), got {a.steps}")
     corpus = data_lib.load_corpus([a.data] if a.data else None, suffix=None if a.data else ".py")
     model_cfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads,
-                            dtype=tl.compute_dtype(a.dtype))
-    base = tl.RunConfig(batch=a.batch, seq=a.seq, lr=1.5e-3, seed=a.seed, log_every=a.log_every,
-                        eval_batches=1, eval_bf16_forward=False)
+                            dtype=tl.compute_dtype(a.dtype), embed_lookup=a.embed)
+    base = ts.run_config("bf16", batch=a.batch, seq=a.seq, seed=a.seed, log_every=a.log_every)
     batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=a.seed)
     val = data_lib.validation_batches(corpus.val, batch=a.batch, seq=a.seq, max_batches=1)
     rows = []
@@ -210,8 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{result['device']}, jax {result['jax']}, {result['date']}")
     print(f"command: {command}")
     print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
-          f"compute {model_cfg.dtype}; loop: {a.steps} steps, metrics every {a.log_every}; "
-          f"medians of {a.repeats}")
+          f"compute {model_cfg.dtype}, embed {a.embed}; loop: {a.steps} steps, metrics every "
+          f"{a.log_every}; medians of {a.repeats}")
     print("| recipe | compile s | jitted step ms | loop ms/step | loop / step |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:

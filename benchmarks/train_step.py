@@ -1,12 +1,21 @@
-"""Compile time and step time of the example Llama's jitted train step, BF16 vs NVFP4.
+"""Compile time and step time of the examples' jitted train step, BF16 vs NVFP4.
 
-    PYTHONPATH=. python benchmarks/train_step.py --out /tmp/step.json            # GPU
-    PYTHONPATH=. python benchmarks/train_step.py --dim 128 --layers 2 --batch 4 --seq 64
+    PYTHONPATH=. python benchmarks/train_step.py --out /tmp/step.json                  # GPU
+    PYTHONPATH=. python benchmarks/train_step.py --dim 2048 --out /tmp/step_2048.json  # wider
+    PYTHONPATH=. python benchmarks/train_step.py --dim 128 --layers 2 --heads 2 \\
+        --batch 4 --seq 64                                                             # CPU smoke
 
-The batch is on the device before timing, so this measures the step itself (the
-examples' training loop is measured separately). Both programs are compiled with
-``.lower().compile()`` and timed with `pallas_kernels.timing` on the same batch; the
-NVFP4 model is the example's `paper_policy` conversion with ``impl``.
+The step is the one the examples train with and `train_loop.py` measures: a
+`train_llama.Trainer`'s (its AdamW with the warmup-cosine schedule, clipping, the
+precision schedule, ``donate=True``), on a batch of the training corpus already on
+the device. It is compiled with ``.lower().compile()``, then timed by
+`threaded_step_seconds`: the donated state is threaded from call to call, as in a
+training loop with no host work.
+
+``--embed gather,onehot --tokens corpus,random`` measures the embedding lookups of
+`llama.LlamaConfig.embed_lookup` on corpus and on uniformly random tokens (one
+compilation per recipe and lookup); the gather's backward, an atomic scatter-add,
+depends on how often tokens repeat, the one-hot GEMM does not.
 """
 
 from __future__ import annotations
@@ -16,81 +25,136 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "examples"))
 
-from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
+import data as data_lib  # noqa: E402
+import train_llama as tl  # noqa: E402
+from llama import LlamaConfig  # noqa: E402
 
-import fp4jax  # noqa: E402
-from fp4jax import train as train_lib  # noqa: E402
 from pallas_kernels import timing  # noqa: E402
 
-
-def build(cfg: LlamaConfig, recipe: str, impl: str, seed: int = 0):
-    """(jitted step function, state) for one precision."""
-    import optax  # noqa: PLC0415
-
-    model = Llama(cfg, rngs=nnx.Rngs(seed))
-    if recipe != "bf16":
-        policy = fp4jax.flax.paper_policy(num_blocks=cfg.layers, recipe=fp4jax.Recipe.nvfp4())
-        fp4jax.flax.nnx.quantize(model, policy, impl=impl)
-    loss_fn, params = train_lib.nnx_loss_fn(model, loss_and_metrics)
-    opt = optax.adamw(1e-3)
-    step = train_lib.TrainStep(loss_fn, opt, has_aux=True, max_grad_norm=1.0)
-    state = train_lib.init_state(params, opt, jax.random.key(seed))
-    return step, state
+TOKENS = ("corpus", "random")
 
 
-def measure(cfg: LlamaConfig, recipe: str, impl: str, batch: int, seq: int) -> dict:
-    step, state = build(cfg, recipe, impl)
+def threaded_step_seconds(step_fn: Callable, state, batch, *, iters: int, reps: int) -> float:
+    """Median seconds per call of ``state, _ = step_fn(state, batch)``, the state threaded.
+
+    Every call takes the state the previous one returned (a donating step invalidates
+    its input), so the calls run back to back on the device like a training loop's
+    steps with no host work in between; `pallas_kernels.timing.time_fn` synchronizes
+    once per ``reps`` calls.
+    """
+    cell = [state]
+
+    def one_step():
+        cell[0], _ = step_fn(cell[0], batch)
+        return cell[0]
+
+    return timing.time_fn(one_step, [()], warmup=2, iters=iters, reps=reps)
+
+
+def default_heads(dim: int) -> int:
+    """Heads of width 64 (dim 768: 12, as in compare.py; dim 2048: 32)."""
+    return max(dim // 64, 1)
+
+
+def run_config(recipe: str, *, batch: int, seq: int, **kw) -> tl.RunConfig:
+    """The run settings both benchmarks use (compare.py's optimizer and clipping)."""
+    return tl.RunConfig(**{"recipe": recipe, "batch": batch, "seq": seq, "lr": 1.5e-3,
+                           "eval_batches": 1, "eval_bf16_forward": False, **kw})
+
+
+def token_batch(kind: str, batches: data_lib.Batches, vocab: int) -> tuple:
+    """The timed batch on the device: the corpus's first batch, or uniform random tokens."""
+    if kind == "corpus":
+        return jax.device_put(batches(0))
     rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, cfg.vocab, (batch, seq + 1)), jnp.int32)
-    data = (tokens[:, :-1], tokens[:, 1:])
+    w = rng.integers(0, vocab, (batches.batch, batches.seq + 1)).astype(np.int32)
+    return jax.device_put((w[:, :-1], w[:, 1:]))
+
+
+def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *,
+            iters: int, reps: int) -> list[dict]:
+    """One recipe and lookup: compile once, then time the step on each batch of ``data``."""
+    trainer = tl.Trainer(model_cfg, cfg, 1)
+    steps = 2 + iters * reps
+    first = next(iter(data.values()))
     t0 = time.perf_counter()
-    compiled = step.jitted.lower(state, data, mode="recipe").compile()
+    compiled = trainer.step.jitted.lower(trainer.init(steps), first, mode="recipe").compile()
     compile_s = time.perf_counter() - t0
-
-    def run(state):
-        return compiled(state, data)[0]
-
-    step_s = timing.time_fn(run, [(state,)], warmup=2, iters=5, reps=4)
-    return {"recipe": recipe, "impl": impl, "compile_s": compile_s, "step_ms": step_s * 1e3}
+    rows = []
+    for kind, batch in data.items():
+        step_s = threaded_step_seconds(compiled, trainer.init(steps), batch, iters=iters,
+                                       reps=reps)
+        rows.append({"recipe": cfg.recipe, "impl": cfg.impl if cfg.recipe != "bf16" else "-",
+                     "embed": model_cfg.embed_lookup, "tokens": kind, "compile_s": compile_s,
+                     "step_ms": step_s * 1e3})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--impls", default="xla,auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="compute dtype; auto: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--recipes", default="bf16,nvfp4")
+    p.add_argument("--impls", default="auto", help="NVFP4 implementations, comma-separated")
+    p.add_argument("--embed", default="onehot",
+                   help="embedding lookups (LlamaConfig.embed_lookup), comma-separated")
+    p.add_argument("--tokens", default="corpus", help=f"timed batches from {TOKENS}")
+    p.add_argument("--iters", type=int, default=5, help="samples (time_fn iters)")
+    p.add_argument("--reps", type=int, default=4, help="steps per sample (time_fn reps)")
+    p.add_argument("--data", default=None,
+                   help="a text tree to train on (default: this interpreter's Python sources)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    cfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads)
-    rows = [measure(cfg, "bf16", "xla", a.batch, a.seq)]
-    rows += [measure(cfg, "nvfp4", impl, a.batch, a.seq) for impl in a.impls.split(",")]
-    base = rows[0]
-    for r in rows:
+    a.heads = a.heads or default_heads(a.dim)
+    kinds = a.tokens.split(",")
+    if not set(kinds) <= set(TOKENS):
+        raise ValueError(f"--tokens must be from {TOKENS}, got {a.tokens!r}")
+    corpus = data_lib.load_corpus([a.data] if a.data else None, suffix=None if a.data else ".py")
+    batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=0)
+    rows = []
+    for embed in a.embed.split(","):
+        model_cfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads,
+                                dtype=tl.compute_dtype(a.dtype), embed_lookup=embed)
+        data = {k: token_batch(k, batches, model_cfg.vocab) for k in kinds}
+        for recipe in a.recipes.split(","):
+            for impl in (a.impls.split(",") if recipe != "bf16" else ["auto"]):
+                cfg = run_config(recipe, batch=a.batch, seq=a.seq, impl=impl)
+                rows += measure(model_cfg, cfg, data, iters=a.iters, reps=a.reps)
+    for r in rows:  # against BF16 with the same lookup and tokens
+        base = next((b for b in rows if b["recipe"] == "bf16" and b["embed"] == r["embed"]
+                     and b["tokens"] == r["tokens"]), rows[0])
         r["step_ratio"] = r["step_ms"] / base["step_ms"]
         r["compile_ratio"] = r["compile_s"] / base["compile_s"]
-    result = {**timing.environment(), "model": vars(a), "rows": rows}
+    command = "python " + " ".join([os.path.relpath(__file__)]
+                                   + (sys.argv[1:] if argv is None else list(argv)))
+    result = {**timing.environment(), "command": command, "model": vars(a),
+              "compute_dtype": tl.compute_dtype(a.dtype), "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"{result['device']}, jax {result['jax']}, {result['date']}: Llama dim={a.dim} "
-          f"layers={a.layers}, batch {a.batch} x seq {a.seq}")
-    print("| recipe | impl | compile s | x BF16 | step ms | x BF16 |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"{result['device']}, jax {result['jax']}, {result['date']}")
+    print(f"command: {command}")
+    print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
+          f"compute {result['compute_dtype']}; the examples' Trainer step, state threaded")
+    print("| recipe | impl | embed | tokens | compile s | x BF16 | step ms | x BF16 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['recipe']} | {r['impl']} | {r['compile_s']:.1f} | {r['compile_ratio']:.2f} | "
-              f"{r['step_ms']:.2f} | {r['step_ratio']:.2f} |")
+        print(f"| {r['recipe']} | {r['impl']} | {r['embed']} | {r['tokens']} | "
+              f"{r['compile_s']:.1f} | {r['compile_ratio']:.2f} | {r['step_ms']:.2f} | "
+              f"{r['step_ratio']:.2f} |")
     return result
 
 

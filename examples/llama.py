@@ -27,6 +27,14 @@ class LlamaConfig:
       hidden: SwiGLU hidden width (default: ~8/3·dim rounded up to a multiple of 64).
       rope_theta: RoPE base.
       dtype: computation dtype.
+      embed_lookup: how tokens select their embedding rows: ``"onehot"``, a one-hot ×
+        table product (`embed_tokens`), or ``"gather"``, ``nnx.Embed``'s ``jnp.take``.
+        Both give the same embeddings; they differ in the backward pass. The gather's is
+        a scatter-add into the table whose GPU atomics serialize on repeated tokens: on
+        Python source, where a quarter of the bytes are spaces, the BF16 step (64×512
+        tokens, dim 768, H200) took 61 ms against 25 ms on uniformly random tokens. The
+        one-hot's is a GEMM, as fast on any data; it costs 2·vocab·dim FLOPs per token
+        each way, negligible for the 256-byte vocabulary, not for a 32k one.
     """
 
     vocab: int = 256
@@ -36,8 +44,12 @@ class LlamaConfig:
     hidden: int | None = None
     rope_theta: float = 10_000.0
     dtype: str = "bfloat16"
+    embed_lookup: str = "onehot"
 
     def __post_init__(self):
+        if self.embed_lookup not in ("onehot", "gather"):
+            raise ValueError(
+                f"embed_lookup must be 'onehot' or 'gather', got {self.embed_lookup!r}")
         for name in ("vocab", "dim", "layers", "heads"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -78,6 +90,31 @@ class LlamaConfig:
             "head": 6.0 * c["head"],
             "attention": 3.0 * 4.0 * self.layers * seq * self.dim,
         }
+
+
+def embed_tokens(embed: nnx.Embed, tokens: jax.Array, lookup: str = "onehot") -> jax.Array:
+    """The embedding rows of ``tokens`` in ``embed.dtype`` (see `LlamaConfig.embed_lookup`).
+
+    ``"onehot"`` multiplies a one-hot encoding of the tokens by the table: each output is
+    one table entry times one (plus zeros), so it equals the gather exactly, and the
+    table's gradient is a GEMM accumulated in float32 instead of an atomic scatter-add.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> e = nnx.Embed(8, 4, rngs=nnx.Rngs(0))
+      >>> t = jnp.array([[1, 7, 1]])
+      >>> bool(jnp.array_equal(embed_tokens(e, t), e(t)))
+      True
+    """
+    if lookup == "gather":
+        return embed(tokens)
+    table = embed.embedding[...]
+    table = table.astype(embed.dtype) if embed.dtype is not None else table
+    onehot = jax.nn.one_hot(tokens, embed.num_embeddings, dtype=table.dtype)
+    # A float32 table must not be rounded to TF32 on the way through the GEMM; BF16
+    # operands are exact at the default precision.
+    exact = jax.lax.Precision.HIGHEST if table.dtype == jnp.float32 else None
+    return jnp.dot(onehot, table, precision=exact)
 
 
 def rope(x: jax.Array, theta: float) -> jax.Array:
@@ -160,7 +197,7 @@ class Llama(nnx.Module):
                                   kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        x = self.embed(tokens)
+        x = embed_tokens(self.embed, tokens, self.cfg.embed_lookup)
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm(x)).astype(jnp.float32)
