@@ -541,3 +541,19 @@ def test_empty_and_bad_keys_raise_clear_errors():
         fp4jax.quantize(jnp.zeros((0, 16)))
     with pytest.raises(TypeError, match="jax.random key"):
         fp4jax.quantize(jnp.ones((4, 16)), rounding="stochastic", key=42)
+
+
+@pytest.mark.parametrize("shape,kw", [
+    ((48, 80), {}), ((3, 32, 40), {}), ((40, 64), {"block_2d": True}),
+    ((64, 48), {"axis": 0, "block_2d": True})])
+def test_scaled_codes_decode_commutes_with_transposition(shape, kw):
+    """The GEMM operand decode (code · s in BF16) of an array packed along its last axis
+    (the bitcast-interleave path) equals the transposed decode of its .mT view (the
+    generic unpack path), bit for bit, padding included."""
+    from fp4jax.reference.quantization import scaled_codes_bf16
+
+    q = fp4jax.quantize(jax.random.normal(jax.random.key(0), shape) * 3, **kw)
+    q = q if q.axis == q.ndim - 1 else q.mT
+    got = np.asarray(scaled_codes_bf16(q)).view(np.uint16)
+    want = np.asarray(jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2)).view(np.uint16)
+    np.testing.assert_array_equal(got, want)

@@ -181,6 +181,20 @@ def scaled_codes_bf16(q: NVFP4Array) -> jax.Array:
     (docs/RECIPE.md §9): E2M1 × E4M3 has at most 6 significant bits and fits BF16's range,
     so the product is exact. Padding is dropped.
     """
-    vals = e2m1_to_bf16(unpack_codes(q.data, q.axis))
-    s = q.per_element(q.scales.astype(jnp.bfloat16))
-    return lax.slice_in_dim(vals * s, 0, q.shape[q.axis], axis=q.axis)
+    if q.axis != q.ndim - 1:
+        vals = e2m1_to_bf16(unpack_codes(q.data, q.axis))
+        s = q.per_element(q.scales.astype(jnp.bfloat16))
+        return lax.slice_in_dim(vals * s, 0, q.shape[q.axis], axis=q.axis)
+    # Codes packed along the last axis: both nibbles of each byte are decoded in place and
+    # joined into one uint32 of two BF16 bit patterns (the even element in the low half),
+    # so the interleave is a bitcast, not a concatenate: on GPUs XLA then writes the
+    # decoded operand in one coalesced pass.
+    s = layout.repeat_each(q.scales.astype(jnp.bfloat16), BLOCK // 2, q.axis)  # per byte
+    if q.block_2d:
+        t = q.tile_axis
+        s = lax.slice_in_dim(layout.repeat_each(s, BLOCK, t), 0, q.shape[t], axis=t)
+    halves = [lax.bitcast_convert_type(e2m1_to_bf16(c) * s, jnp.uint16).astype(jnp.uint32)
+              for c in (q.data & 0xF, q.data >> 4)]
+    pairs = lax.bitcast_convert_type(halves[0] | (halves[1] << 16), jnp.bfloat16)
+    vals = pairs.reshape(*q.data.shape[:-1], 2 * q.data.shape[-1])
+    return lax.slice_in_dim(vals, 0, q.shape[q.axis], axis=q.axis)
