@@ -103,7 +103,7 @@ def test_sharded_quantize_and_gemms_equal_unsharded():
         # per shard: a block spans shards), features, contraction.
         cases = [
             ((8,), E, P(None, "data"), P(None, "data"), P(None, None, "data")),
-            ((8,), A, P(None, None, "data"), P("data"), P(None, "data")),
+            ((4, 2), A, P("data", None, "model"), P("model", "data"), P(None, "data", "model")),
             ((2, 4), E, P("model", "data"), P("data", "model"), None),
         ]
         for shape, kind, xspec, wspec, ospec in cases:
@@ -136,8 +136,8 @@ def test_sharded_quantize_and_gemms_equal_unsharded():
 
 
 def test_fp4_all_gather_moves_4x_fewer_bytes_and_changes_no_bit():
-    """FSDP (weight sharded over the data axis, 1-D explicit mesh through the Flax op;
-    FSDP x tensor parallel on a 2-D auto mesh through dot_general): with `FP4Gather`
+    """FSDP (weight sharded over the data axis, 1-D auto mesh, through dot_general;
+    FSDP x tensor parallel on a 2-D explicit mesh, through the Flax op): with `FP4Gather`
     the compiled forward + backward all-gathers only uint8 (packed codes, E4M3 scale
     bytes; no float gather, so dgrad reuses the gathered NVFP4 weight), at least 3x
     fewer bytes than gathering the BF16 weight, and the output and both gradients are
@@ -155,8 +155,8 @@ def test_fp4_all_gather_moves_4x_fewer_bytes_and_changes_no_bit():
                 return (y, *vjp(jnp.cos(y)))
 
         # (mesh shape, axis type, W spec, gathered axes)
-        for shape, kind, wspec, axes in (((8,), E, P("data", None), ("data",)),
-                                         ((4, 2), A, P("data", "model"), ("data",))):
+        for shape, kind, wspec, axes in (((8,), A, P("data", None), ("data",)),
+                                         ((4, 2), E, P("data", "model"), ("data",))):
             names = ("data", "model")[:len(shape)]
             mesh = jax.make_mesh(shape, names, axis_types=(kind,) * len(shape))
             gathered = P(None, *wspec[1:])
