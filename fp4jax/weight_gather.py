@@ -14,7 +14,7 @@ How the gather is expressed: under a mesh with explicit axes the NVFP4 leaves ar
 `jax.sharding.reshard`-ed to the weight's spec without the gathered axes; under auto
 axes they are pinned to the weight's spec and then constrained to the gathered one with
 `jax.lax.with_sharding_constraint`, so that XLA quantizes per shard and all-gathers the
-uint8 codes and float8 scales.
+uint8 codes and the scales' bytes.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class FP4Gather:
     ungathered call bit for bit.
 
     Each shard must hold whole 16-blocks along the quantized axes (whole 16×16 tiles
-    for 2D weights): a `ValueError` says which dim does not.
+    for 2D weights): a `ValueError` says which dim does not. Under explicit axes an
+    operand whose type is not sharded over ``axes`` is used as it is (so one
+    `FP4Gather` can serve every layer of a model).
 
     Attributes:
       axes: the mesh axes to gather over (e.g. ``("fsdp",)``); a single name is
@@ -101,13 +103,9 @@ class FP4Gather:
             if not isinstance(self.spec, PartitionSpec):
                 raise TypeError(f"spec must be a jax.sharding.PartitionSpec or None, got "
                                 f"{type(self.spec).__name__}")
-            self.check_sharded(self.spec)
-
-    def check_sharded(self, spec: PartitionSpec) -> None:
-        """Raises `ValueError` unless ``spec`` shards some dim over one of `axes`."""
-        if not any(a in self.axes for entry in spec for a in mesh_axes(entry)):
-            raise ValueError(f"FP4Gather(axes={self.axes}): the right operand's spec {spec} "
-                             "is not sharded over any of these axes; nothing to gather")
+            if not any(a in self.axes for entry in self.spec for a in mesh_axes(entry)):
+                raise ValueError(f"FP4Gather(axes={self.axes}): spec {self.spec} is not sharded "
+                                 "over any of these axes; nothing to gather")
 
 
 def explicit_axes(x: jax.Array) -> bool:
@@ -142,7 +140,7 @@ class Gather:
         Raises:
           ValueError: under auto axes without ``config.spec`` or without a mesh in
             context (`jax.set_mesh`); under explicit axes with a ``config.spec`` that
-            differs from the type's; a spec that does not shard over ``config.axes``.
+            differs from the type's.
         """
         explicit = explicit_axes(x)
         if explicit:
@@ -160,7 +158,6 @@ class Gather:
                     "sharding")
             spec = _padded(config.spec, x.ndim)
             mesh = jax.sharding.get_abstract_mesh()
-        config.check_sharded(spec)
         names = {a for entry in spec for a in mesh_axes(entry)}
         if mesh.empty or not names <= set(mesh.axis_names):
             raise ValueError(
