@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "dequantize": ("fp4jax.implementation", "dequantize"),
     "matmul": ("fp4jax.implementation", "matmul"),
     "dot_general": ("fp4jax.quantized_dot", "dot_general"),
+    "FP4Gather": ("fp4jax.weight_gather", "FP4Gather"),
     "NVFP4Array": ("fp4jax.numerics.nvfp4_array", "NVFP4Array"),
     "Recipe": ("fp4jax.recipe", "Recipe"),
     "Operand": ("fp4jax.recipe", "Operand"),
@@ -68,3 +69,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from fp4jax.numerics.scales import global_decode_scale, global_encode_scale
     from fp4jax.quantized_dot import dot_general
     from fp4jax.recipe import BF16, UNQUANTIZED, Operand, Recipe
+    from fp4jax.weight_gather import FP4Gather

@@ -25,11 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4jax import implementation
+from fp4jax import implementation, weight_gather
 from fp4jax.implementation import Impl
 from fp4jax.numerics import checks, layout, random_bits
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
+from fp4jax.weight_gather import FP4Gather
 
 _Dims = tuple[int, ...]
 DimensionNumbers = tuple[tuple[_Dims, _Dims], tuple[_Dims, _Dims]]
@@ -107,6 +108,10 @@ class Canonical:
             return None
         return _spec_of([sum((_mesh_axes(spec[d]) for d in g), ()) for g in groups])
 
+    def rhs_spec_of(self, spec: jax.sharding.PartitionSpec) -> jax.sharding.PartitionSpec:
+        """The canonical (B, K, N) spec of a right operand sharded as ``spec``."""
+        return _spec_of([sum((_mesh_axes(spec[d]) for d in g), ()) for g in self._rhs_groups])
+
     def _out_spec(self):
         if self.lhs_spec is None:
             return None
@@ -179,14 +184,17 @@ class GemmShardings:
     wgrad: jax.sharding.PartitionSpec | None = None
 
     @classmethod
-    def of(cls, a: jax.Array, b: jax.Array) -> GemmShardings:
+    def of(cls, a: jax.Array, b: jax.Array,
+           gemm_rhs: jax.sharding.PartitionSpec | None = None) -> GemmShardings:
+        """The shardings for canonical operands ``a`` and ``b``; ``gemm_rhs``: the spec
+        of the right operand the GEMMs see, when it differs from ``b``'s (gathered)."""
         sa, sb = explicit_spec(a), explicit_spec(b)
         if sa is None and sb is None:
             return cls()
         sa = sa or jax.sharding.PartitionSpec(None, None, None)
         sb = sb or jax.sharding.PartitionSpec(None, None, None)
         used = {n for d in (sa[0], sa[1]) for n in ((d,) if isinstance(d, str) else d or ())}
-        n_axis = sb[2]
+        n_axis = (sb if gemm_rhs is None else gemm_rhs)[2]
         names = (n_axis,) if isinstance(n_axis, str) else (n_axis or ())
         if used & set(names):
             n_axis = None  # a mesh axis cannot shard two output dims
@@ -279,11 +287,16 @@ def missing_key_error(recipe: Recipe, roles: tuple[str, ...]) -> ValueError | No
     )
 
 
-def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
+def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
+         rhs_gather: FP4Gather | None):
     c = Canonical(lhs.shape, rhs.shape, dn, lhs.dtype, rhs.dtype,
                   explicit_spec(lhs), explicit_spec(rhs))
     a, b = c.lhs(lhs), c.rhs(rhs)
-    shardings = GemmShardings.of(a, b)
+    gather = own_gather = None
+    if rhs_gather is not None:  # every copy of W a GEMM uses is gathered (FSDP)
+        own_gather = weight_gather.Gather.of(rhs_gather, rhs)
+        gather = own_gather.with_spec(c.rhs_spec_of(own_gather.sharded))
+    shardings = GemmShardings.of(a, b, None if gather is None else gather.gathered)
     r = recipe
     x_col = None
     if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
@@ -296,30 +309,35 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl):
         qa = a
     qb = quantize_operand(b, 1, r.fprop_rhs, key, "fprop_rhs", r, impl) \
         if r.fprop_rhs.quantized else b
+    if gather is not None and r.fprop_rhs.quantized:  # quantized per shard, then gathered
+        qb = gather.nvfp4(qb)
     if r.fprop_lhs.quantized:
         y = c.out(_bmm(qa, qb, precision, impl, shardings.fprop)).astype(out_dtype)
     else:  # the caller's own GEMM, exactly as lax.dot_general computes it
-        y = lax.dot_general(lhs, rhs, dn, precision=precision, preferred_element_type=out_dtype)
+        w = rhs if own_gather is None else own_gather.array(rhs)
+        y = lax.dot_general(lhs, w, dn, precision=precision, preferred_element_type=out_dtype)
 
     # What backward needs, kept in NVFP4 where the recipe quantizes it.
     if not r.dgrad_rhs.quantized:
-        w_res = b
+        w_res = b if gather is None else gather.array(b)
     elif r.dgrad_rhs == r.fprop_rhs and r.fprop_rhs.block_2d:
-        w_res = qb  # 16x16 tiles: the same values serve W and W^T
+        w_res = qb  # 16x16 tiles: the same values serve W and W^T (already gathered)
     else:
         w_res = quantize_operand(b, 2, r.dgrad_rhs, key, "dgrad_rhs", r, impl)  # along N
+        if gather is not None:
+            w_res = gather.nvfp4(w_res)
     if not r.wgrad_lhs.quantized:
         x_res = a
     elif x_col is not None:
         x_res = x_col
     else:
         x_res = quantize_operand(a, 1, r.wgrad_lhs, key, "wgrad_lhs", r, impl)  # along tokens
-    return y, (x_res, w_res, key, c, shardings)
+    return y, (x_res, w_res, key, c, shardings, gather)
 
 
-def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, res, g):
-    del dn, out_dtype
-    x_res, w_res, key, c, shardings = res
+def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, g):
+    del dn, out_dtype, rhs_gather
+    x_res, w_res, key, c, shardings, gather = res
     r = recipe
     if key is None and (err := missing_key_error(r, BACKWARD_ROLES)) is not None:
         raise err
@@ -343,17 +361,19 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, res, g):
         db = _bmm(x_res.mT, qg_col, precision, impl, shardings.wgrad, lhs_from_mT=True)
     else:
         db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl, shardings.wgrad)
+    if gather is not None and not gather.explicit:  # dW sharded like W: a reduce-scatter
+        db = gather.constrain(db, gather.sharded)
     return c.lhs_back(da), c.rhs_back(db), None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl):
-    return _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
+def _dot_general(lhs, rhs, key, dn, precision, out_dtype, recipe, impl, rhs_gather):
+    return _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe, impl, rhs_gather)[0]
 
 
 _dot_general.defvjp(_fwd, _bwd)
 # Jitted so that eager calls run one compiled program instead of op-by-op dispatch.
-_dot_general_jit = jax.jit(_dot_general, static_argnums=(3, 4, 5, 6, 7))
+_dot_general_jit = jax.jit(_dot_general, static_argnums=(3, 4, 5, 6, 7, 8))
 
 
 def dot_general(
@@ -367,6 +387,7 @@ def dot_general(
     recipe: Recipe | None = None,
     key: jax.Array | None = None,
     impl: Impl = "xla",
+    rhs_gather: FP4Gather | None = None,
 ) -> jax.Array:
     """NVFP4 `jax.lax.dot_general` with quantized forward and backward GEMMs.
 
@@ -390,13 +411,18 @@ def dot_general(
       precision: passed to the unquantized GEMMs; NVFP4 GEMMs are exact BF16
         products with FP32 accumulation regardless.
       preferred_element_type: output dtype (default: the promoted input dtype).
-      out_sharding: output sharding, as in `jax.lax.dot_general`.
+      out_sharding: output sharding, as in `jax.lax.dot_general` (under a mesh with
+        explicit axes the output is resharded to it).
       recipe: a `Recipe`; default `Recipe.nvfp4()`.
       key: a ``jax.random`` key (typed or raw). Needed only by operands the recipe
         rounds stochastically: with `Recipe.nvfp4` the forward pass needs none, and
         the backward pass raises a `ValueError` without one.
       impl: ``"xla"`` (pure JAX), ``"pallas"`` (Hopper kernels), ``"native"``
         (Blackwell block-scaled GEMM) or ``"auto"``; see `fp4jax.implementation`.
+      rhs_gather: an `fp4jax.FP4Gather` naming mesh axes over which ``rhs`` (a weight
+        sharded FSDP-style) is gathered for the GEMMs: its NVFP4 copies are quantized
+        per shard and gathered as packed codes and E4M3 scales instead of
+        high-precision values (docs/SHARDING.md). Same results as without it.
 
     Returns:
       The product, shaped as `jax.lax.dot_general`'s.
@@ -415,8 +441,13 @@ def dot_general(
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp4jax.Recipe, got {type(recipe).__name__}")
     implementation.check_impl(impl)
+    if rhs_gather is not None and not isinstance(rhs_gather, FP4Gather):
+        raise TypeError(f"rhs_gather must be an fp4jax.FP4Gather or None, got "
+                        f"{type(rhs_gather).__name__}")
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     if recipe.is_unquantized:
+        if rhs_gather is not None:
+            rhs = weight_gather.Gather.of(rhs_gather, rhs).array(rhs)
         return lax.dot_general(
             lhs, rhs, dimension_numbers, precision=precision,
             preferred_element_type=preferred_element_type, out_sharding=out_sharding,
@@ -443,7 +474,10 @@ def dot_general(
     )
     if 0 in lhs.shape or 0 in rhs.shape:
         return lax.dot_general(lhs, rhs, dn, preferred_element_type=out_dtype)
-    y = _dot_general_jit(lhs, rhs, key, dn, precision, out_dtype, recipe, impl)
+    y = _dot_general_jit(lhs, rhs, key, dn, precision, out_dtype, recipe, impl, rhs_gather)
     if out_sharding is not None:
-        y = jax.lax.with_sharding_constraint(y, out_sharding)
+        # Explicit axes: the sharding is the type, changed by resharding (with_sharding_
+        # constraint would only assert it); auto axes: a constraint for XLA.
+        y = (jax.sharding.reshard(y, out_sharding) if explicit_spec(y) is not None
+             else jax.lax.with_sharding_constraint(y, out_sharding))
     return y

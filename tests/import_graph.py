@@ -26,6 +26,7 @@ FLOORS: tuple[tuple[str, int], ...] = (
     ("fp4jax.implementation", 2),
     ("fp4jax.recipe", 2),
     ("fp4jax.keys", 2),
+    ("fp4jax.weight_gather", 2),
     ("fp4jax.quantized_dot", 3),
     ("fp4jax.diagnostics", 4),
     ("fp4jax.testing", 4),

@@ -1,10 +1,5 @@
 """fp4jax.dot_general: recipe conformance, gradients, dimension numbers, errors."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -330,93 +325,7 @@ def test_bf16_forward_recipe_keeps_quantized_backward():
 
 
 # ---------------------------------------------------------------- sharding
-
-
-def _run_on_8_host_devices(code: str) -> None:
-    """Runs ``code`` in a fresh interpreter with 8 CPU devices; it must print OK."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=root)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=root, timeout=600)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
-
-
-def test_sharded_equals_unsharded():
-    """Under jit with 8 host devices, sharded inputs give the unsharded result (global amax)."""
-    code = textwrap.dedent("""
-        import functools, jax, jax.numpy as jnp, numpy as np
-        import fp4jax
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        assert len(jax.devices()) == 8, jax.devices()
-        mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-        x = jax.random.normal(jax.random.key(0), (64, 64)) * jnp.arange(1, 65)[:, None]
-        w = jax.random.normal(jax.random.key(1), (64, 32))
-        key = jax.random.key(2)
-        def quant(x):
-            q = fp4jax.quantize(x)
-            qt = fp4jax.quantize(x, axis=0, hadamard=True, rounding="stochastic", key=key)
-            return [(q.data, q.scales.view(jnp.uint8), q.amax) for q in (q, qt)]
-        def step(x, w):
-            y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(
-                x, w, (((1,), (0,)), ((), ())), key=key), x, w)
-            return y, vjp(jnp.ones_like(y))
-        xs = jax.device_put(x, NamedSharding(mesh, P("data", "model")))
-        ws = jax.device_put(w, NamedSharding(mesh, P("model", None)))
-        assert len(xs.sharding.device_set) == 8
-        # Quantization is bitwise independent of the sharding (global amax, same blocks).
-        for a, b in zip(jax.tree.leaves(jax.jit(quant)(x)), jax.tree.leaves(jax.jit(quant)(xs))):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        # GEMMs agree up to float32 summation order across shards.
-        one, sharded = jax.jit(step)(x, w), jax.jit(step)(xs, ws)
-        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(sharded)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
-        print("OK")
-    """)
-    _run_on_8_host_devices(code)
-
-
-def test_explicit_mesh_inputs_quantize_bitwise_and_differentiate():
-    """Under an explicit-axes mesh (JAX 0.11's default), quantize, the forward and the
-    gradients accept operands sharded along tokens, features or the contraction
-    (issue 10.6): codes/scales/amax bitwise equal to unsharded, GEMMs within summation
-    order, each gradient sharded like its primal."""
-    code = textwrap.dedent("""
-        import jax, jax.numpy as jnp, numpy as np
-        import fp4jax
-        from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-        mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-        x = (jax.random.normal(jax.random.key(0), (4, 64, 128))
-             * jnp.arange(1, 65)[None, :, None]).astype(jnp.bfloat16)
-        w0 = jax.random.normal(jax.random.key(1), (128, 64)).astype(jnp.bfloat16)
-        key = jax.random.key(2)
-        dn = (((2,), (0,)), ((), ()))
-        def quant(x, w):
-            qs = [fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True),
-                  fp4jax.quantize(x, axis=1, hadamard=True, rounding="stochastic", key=key)]
-            return [(q.data, q.scales.view(jnp.uint8), q.amax) for q in qs]
-        def step(x, w):
-            f = lambda x, w: fp4jax.dot_general(x, w, dn, key=key).astype(jnp.float32)
-            y, vjp = jax.vjp(f, x, w)
-            return y, vjp(jnp.cos(y))
-        want_q, want = jax.jit(quant)(x, w0), jax.jit(step)(x, w0)
-        with jax.set_mesh(mesh):
-            for xspec, wspec in ((P("data", None, None), P(None, "model")),
-                                 (P("data", None, None), P("model", None)),
-                                 (P(None, "data", "model"), P("model", None))):
-                xs = jax.device_put(x, NamedSharding(mesh, xspec))
-                ws = jax.device_put(w0, NamedSharding(mesh, wspec))
-                for a, b in zip(jax.tree.leaves(want_q), jax.tree.leaves(jax.jit(quant)(xs, ws))):
-                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-                y, (gx, gw) = jax.jit(step)(xs, ws)
-                assert gx.sharding.spec == xs.sharding.spec, (gx.sharding, xspec)
-                assert gw.sharding.spec == ws.sharding.spec, (gw.sharding, wspec)
-                for a, b in zip(jax.tree.leaves(want), (y, gx, gw)):
-                    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                                               rtol=2e-2, atol=2e-2 * float(jnp.abs(a).max()))
-        print("OK")
-    """)
-    _run_on_8_host_devices(code)
+# Sharded operands (auto and explicit meshes, 8 host devices): tests/test_sharding.py.
 
 
 def test_unquantized_forward_with_bf16_and_moved_contraction_runs_on_cpu():

@@ -52,6 +52,7 @@ from fp4jax.flax import ops
 from fp4jax.flax import scope as scope_lib
 from fp4jax.flax.policy import ROOT_NAME, Decision, Policy, Report
 from fp4jax.recipe import Recipe
+from fp4jax.weight_gather import FP4Gather
 
 MATMUL_LAYERS: tuple[type, ...] = (nn.Dense, nn.DenseGeneral)
 """The linen layer types `quantize` converts."""
@@ -84,6 +85,7 @@ class DotGeneral(nn.Module):
     Attributes:
       recipe: the layer's `Recipe`; None means `Recipe.nvfp4`.
       impl: GEMM implementation for `fp4jax.dot_general`.
+      rhs_gather: an `fp4jax.FP4Gather` for a kernel sharded FSDP-style.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, fp4jax
@@ -97,6 +99,7 @@ class DotGeneral(nn.Module):
 
     recipe: Recipe | None = None
     impl: str = "xla"
+    rhs_gather: FP4Gather | None = None
 
     @nn.compact
     def __call__(
@@ -119,6 +122,7 @@ class DotGeneral(nn.Module):
             name=module_name(self.parent),
             recipe=Recipe.nvfp4() if self.recipe is None else self.recipe,
             impl=self.impl,
+            rhs_gather=self.rhs_gather,
         )
         salt = self._salt(op.name) if _STACKING.search(self.scope.path_text) else None
         return op.call(lhs, rhs, dimension_numbers, precision, preferred_element_type,
@@ -147,11 +151,12 @@ class DotGeneral(nn.Module):
             raise ValueError(hint) from e
 
 
-def dot_general_cls(recipe: Recipe | None = None, *, impl: str = "xla") -> Callable[[], DotGeneral]:
+def dot_general_cls(recipe: Recipe | None = None, *, impl: str = "xla",
+                    rhs_gather: FP4Gather | None = None) -> Callable[[], DotGeneral]:
     """A zero-argument factory for ``nn.Dense(dot_general_cls=...)``."""
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp4jax.Recipe, got {type(recipe).__name__}")
-    return functools.partial(DotGeneral, recipe=recipe, impl=impl)
+    return functools.partial(DotGeneral, recipe=recipe, impl=impl, rhs_gather=rhs_gather)
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -220,6 +225,7 @@ def quantize(
     *,
     layers: Sequence[tuple[str, str]] | None = None,
     impl: str = "xla",
+    rhs_gather: FP4Gather | None = None,
 ) -> Iterator[Recorder]:
     """Applies ``policy`` to the ``nn.Dense``/``nn.DenseGeneral`` calls inside the block.
 
@@ -235,6 +241,8 @@ def quantize(
         for ``policy.keep_last``. Without it, a warning names the last layer called if
         it ran in NVFP4 while ``keep_last`` would have kept it.
       impl: GEMM implementation.
+      rhs_gather: an `fp4jax.FP4Gather` for every converted layer (see
+        `fp4jax.flax.nnx.quantize`).
 
     Yields:
       A `Recorder`.
@@ -284,7 +292,8 @@ def quantize(
         # Linen modules are frozen dataclasses; this bound copy lives for one apply,
         # and the fields are restored right after the call. The layer builds the
         # DotGeneral submodule itself (it is stateless unless stacked).
-        object.__setattr__(module, "dot_general_cls", dot_general_cls(recipe, impl=impl))
+        object.__setattr__(module, "dot_general_cls", dot_general_cls(recipe, impl=impl,
+                                                                   rhs_gather=rhs_gather))
         try:
             return next_fun(*args, **kwargs)
         finally:

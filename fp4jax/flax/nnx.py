@@ -37,6 +37,7 @@ from flax import nnx
 
 from fp4jax.flax import ops
 from fp4jax.flax.policy import ROOT_NAME, Policy, Report
+from fp4jax.weight_gather import FP4Gather
 
 MATMUL_LAYERS: tuple[type, ...] = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum)
 """The nnx layer types `quantize` converts."""
@@ -179,7 +180,8 @@ def matmul_layers(
 
 
 def quantize(
-    model: nnx.Module, policy: Policy | None = None, *, strict: bool = False, impl: str = "xla"
+    model: nnx.Module, policy: Policy | None = None, *, strict: bool = False, impl: str = "xla",
+    rhs_gather: FP4Gather | None = None,
 ) -> Report:
     """Converts ``model``'s matmul layers in place as ``policy`` decides.
 
@@ -191,6 +193,10 @@ def quantize(
       strict: raise `ValueError` if a non-optional rule matched no layer (otherwise
         a warning). All unused rules are listed in ``Report.unused_rules``.
       impl: GEMM implementation for `fp4jax.dot_general`.
+      rhs_gather: an `fp4jax.FP4Gather` given to every converted layer: kernels sharded
+        FSDP-style are gathered in NVFP4 (docs/SHARDING.md). Under auto mesh axes its
+        ``spec`` must then be every kernel's; under explicit axes each kernel's own
+        sharding is used.
 
     Returns:
       The `Report` (which layer got which recipe and why, the layers left as they are,
@@ -229,10 +235,11 @@ def quantize(
             continue
         stack = stack_shape(path, layer)
         if isinstance(layer, nnx.Einsum):
-            op = ops.Einsum(name=path, recipe=decision.recipe, impl=impl)
+            op = ops.Einsum(name=path, recipe=decision.recipe, impl=impl, rhs_gather=rhs_gather)
             layer.einsum_op = nnx.data(StackedEinsum(op, stack)) if stack else op
         else:
-            op = ops.DotGeneral(name=path, recipe=decision.recipe, impl=impl)
+            op = ops.DotGeneral(name=path, recipe=decision.recipe, impl=impl,
+                                rhs_gather=rhs_gather)
             layer.dot_general = nnx.data(StackedDotGeneral(op, stack)) if stack else op
             if isinstance(layer, nnx.LinearGeneral):
                 layer.dot_general_cls = None  # it would take precedence

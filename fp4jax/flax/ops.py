@@ -23,9 +23,10 @@ from fp4jax.flax import einsum as einsum_lib
 from fp4jax.flax import scope as scope_lib
 from fp4jax.quantized_dot import dot_general as fp4_dot_general
 from fp4jax.recipe import Recipe
+from fp4jax.weight_gather import FP4Gather
 
 
-def _check(name: Any, recipe: Any, impl: Any) -> None:
+def _check(name: Any, recipe: Any, impl: Any, rhs_gather: Any) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(
             f"name must be a non-empty str (the layer's path, e.g. 'blocks.0.mlp.up'), got {name!r}"
@@ -34,6 +35,9 @@ def _check(name: Any, recipe: Any, impl: Any) -> None:
         raise TypeError(f"recipe must be an fp4jax.Recipe, got {type(recipe).__name__}")
     if not isinstance(impl, str):
         raise TypeError(f"impl must be a str, got {type(impl).__name__}")
+    if rhs_gather is not None and not isinstance(rhs_gather, FP4Gather):
+        raise TypeError(f"rhs_gather must be an fp4jax.FP4Gather or None, got "
+                        f"{type(rhs_gather).__name__}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +53,8 @@ class DotGeneral:
       name: the layer's unique name; its SR key is ``fp4jax.layer_key(step_key, name)``.
       recipe: the layer's `Recipe` (the schedule's mode is applied on top).
       impl: GEMM implementation passed to `fp4jax.dot_general`.
+      rhs_gather: an `fp4jax.FP4Gather` for a kernel sharded FSDP-style: gather it in
+        NVFP4 over those mesh axes (docs/SHARDING.md).
 
     Example:
       >>> import jax, jax.numpy as jnp, fp4jax
@@ -64,9 +70,10 @@ class DotGeneral:
     name: str
     recipe: Recipe = dataclasses.field(default_factory=Recipe.nvfp4)
     impl: str = "xla"
+    rhs_gather: FP4Gather | None = None
 
     def __post_init__(self):
-        _check(self.name, self.recipe, self.impl)
+        _check(self.name, self.recipe, self.impl, self.rhs_gather)
 
     def __call__(
         self,
@@ -111,6 +118,7 @@ class DotGeneral:
             return fp4_dot_general(
                 lhs, rhs, dimension_numbers, precision, preferred_element_type,
                 out_sharding=out_sharding, recipe=recipe, key=key, impl=self.impl,
+                rhs_gather=self.rhs_gather,
             )
         except ValueError as e:
             if key is None and recipe.needs_key:
@@ -133,6 +141,7 @@ class Einsum:
       name: the layer's unique name.
       recipe: the layer's `Recipe`.
       impl: GEMM implementation.
+      rhs_gather: an `fp4jax.FP4Gather` for a kernel sharded FSDP-style.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -148,9 +157,10 @@ class Einsum:
     name: str
     recipe: Recipe = dataclasses.field(default_factory=Recipe.nvfp4)
     impl: str = "xla"
+    rhs_gather: FP4Gather | None = None
 
     def __post_init__(self):
-        _check(self.name, self.recipe, self.impl)
+        _check(self.name, self.recipe, self.impl, self.rhs_gather)
 
     def __call__(
         self,
@@ -179,7 +189,8 @@ class Einsum:
         salt: jax.Array | None = None,
     ) -> jax.Array:
         """The call, with an optional SR ``salt`` (see `DotGeneral.call`)."""
-        op = DotGeneral(name=self.name, recipe=self.recipe, impl=self.impl)
+        op = DotGeneral(name=self.name, recipe=self.recipe, impl=self.impl,
+                        rhs_gather=self.rhs_gather)
 
         def dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
             return op.call(lhs, rhs, dimension_numbers, precision, salt=salt, **kwargs)

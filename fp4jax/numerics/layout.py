@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,3 +79,30 @@ def repeat_each(x: jax.Array, times: int, axis: int) -> jax.Array:
     y = jnp.expand_dims(x, axis + 1)
     y = jnp.broadcast_to(y, y.shape[: axis + 1] + (times,) + y.shape[axis + 2:])
     return y.reshape(x.shape[:axis] + (x.shape[axis] * times,) + x.shape[axis + 1:])
+
+
+def whole_blocks_per_shard(x: jax.Array, axes: Iterable[int]) -> jax.Array:
+    """``x`` with each of ``axes`` unsharded where its shards would split a 16-block.
+
+    Under a mesh with explicit axes, an axis of length L sharded n ways can be cut into
+    16-blocks in place only when every shard holds whole blocks (L a multiple of 16·n);
+    otherwise that axis is gathered first (`jax.sharding.reshard`), so that blocks, and
+    hence codes and scales, are the unsharded ones. Under auto axes (or no mesh) the
+    type carries no sharding and ``x`` is returned as is: XLA moves the data itself.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> whole_blocks_per_shard(jnp.ones((4, 32)), [1]).shape  # unsharded: unchanged
+      (4, 32)
+    """
+    sharding = jax.typeof(x).sharding
+    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    new = list(spec)
+    for a in axes:
+        names = () if spec[a] is None else (spec[a],) if isinstance(spec[a], str) else spec[a]
+        n = math.prod(sharding.mesh.shape[name] for name in names)
+        if n > 1 and x.shape[a] % (BLOCK * n):
+            new[a] = None
+    if new == list(spec):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(*new))

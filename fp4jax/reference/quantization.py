@@ -75,6 +75,7 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     dtype = x.dtype
     tile_axis = layout.tile_axis_for(axis, x.ndim) if block_2d else None
     n = x.shape[axis]
+    x = layout.whole_blocks_per_shard(x, (axis,) if tile_axis is None else (axis, tile_axis))
     # Re-round to the input dtype with integer ops: under jit on the GPU, XLA may have
     # deleted a float32 -> bfloat16 -> float32 round trip just before this call (excess
     # precision), handing us unrounded values. A no-op for values already in the dtype.
