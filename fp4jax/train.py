@@ -21,7 +21,9 @@
   logical-axis rules) `init_state` places the state and `TrainStep` compiles the step
   with in/out shardings: data parallel, FSDP, tensor parallel or products of them
   (`state_shardings`). SR keys do not depend on the mesh, so a run's result does not
-  depend on its device count beyond floating-point summation order.
+  depend on its device count beyond floating-point summation order. `make_eval_step`
+  and `make_diagnostics_step` follow their inputs' shardings (the state's parameters,
+  a batch placed with ``mesh_rules.batch_sharding()``).
 
 The model enters through ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``
 with ``has_aux=True``): for nnx use `nnx_loss_fn`; for linen

@@ -173,6 +173,46 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
             check_shardings(layout, got)
         check(layout, one)
 
+    def linen():
+        """A linen model annotated with nn.with_logical_partitioning (boxed parameters)
+        trains on fsdp=2 x model=4 like on one device, sharded as annotated."""
+        import flax.linen as nn
+
+        def dense(features, names):
+            kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+            return nn.Dense(features, use_bias=False, kernel_init=kernel_init)
+
+        class MLP(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                h = nn.relu(dense(64, ("embed", "mlp"))(x))  # Dense_0
+                return dense(32, ("mlp", "embed"))(h)
+
+        model = MLP()
+        x = jax.random.normal(jax.random.key(1), (8, 32))
+        y = jnp.cos(x)
+        params = model.init(jax.random.key(0), x)["params"]
+        assert isinstance(params["Dense_0"]["kernel"], nn.LogicallyPartitioned)
+
+        def loss_fn(p, b):
+            return jnp.mean((model.apply({"params": p}, b[0]) - b[1]) ** 2)
+
+        out = []
+        for rules in (None, MeshRules(mesh=jax.make_mesh((2, 4), ("fsdp", "model")))):
+            state = init_state(params, opt, 0, mesh_rules=rules)
+            step = TrainStep(loss_fn, opt, mesh_rules=rules)
+            for i in range(2):
+                state, m = step(state, (x, y), step=i)
+            out.append((float(m["loss"]), flat(state.params)))
+        kernel = state.params["Dense_0"]["kernel"].unbox()
+        assert tuple(kernel.sharding.spec) == ("fsdp", "model"), kernel.sharding
+        assert kernel.addressable_shards[0].data.shape == (16, 16), kernel.sharding
+        assert abs(out[0][0] - out[1][0]) <= LOSS_RTOL * out[0][0], out
+        for k, v in out[0][1].items():
+            assert np.max(np.abs(v - out[1][1][k])) <= PARAM_ATOL, k
+
+    check("linen", linen)
+
     def errors():
         """Uneven splits are errors naming the parameter or batch leaf."""
         rules = MeshRules(mesh=jax.make_mesh((8,), ("fsdp",)), param_rules=((r"w", ("embed",)),))

@@ -18,7 +18,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from fp4jax.parallel import DEFAULT_RULES, MeshRules
-from fp4jax.train import TrainStep, init_state, state_shardings
+from fp4jax.train import TrainStep, init_state, nnx_loss_fn, state_shardings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "examples"))
@@ -48,6 +48,8 @@ def test_sharded_training_checkpoints_and_example_on_8_devices(tmp_path):
       next step from it equals the next step from the saved state, bit for bit), and
       onto other mesh shapes: 2 devices → 1, 1 → 2 (model), 8 (fsdp) → 4×2 (data ×
       model), each leaf with the template's sharding.
+    * A linen model's own annotations (nn.with_logical_partitioning) apply the same way
+      (fsdp=2 × model=4 vs one device).
     * ``examples/train_llama.py --mesh data=2,fsdp=2,model=2`` trains 2 steps.
     * A parameter or batch that does not split evenly over its mesh axes is a
       ValueError naming it.
@@ -64,8 +66,8 @@ def test_sharded_training_checkpoints_and_example_on_8_devices(tmp_path):
         env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
     results = json.loads(out.read_text())
-    want = {"dp", "fsdp", "tp", "dp_tp", "errors", "checkpoint/same mesh", "checkpoint/2 to 1",
-            "checkpoint/1 to 2", "checkpoint/8 to 4x2", "example --mesh"}
+    want = {"dp", "fsdp", "tp", "dp_tp", "linen", "errors", "checkpoint/same mesh",
+            "checkpoint/2 to 1", "checkpoint/1 to 2", "checkpoint/8 to 4x2", "example --mesh"}
     assert set(results["ok"]) == want
     failed = {k: v for k, v in results["ok"].items() if v != "ok"}
     assert not failed, "\n\n".join(f"{k}:\n{v}" for k, v in failed.items())
@@ -154,3 +156,37 @@ def test_example_mesh_option_is_validated():
         train_llama.RunConfig(batch=6, mesh="data=4")
     with pytest.raises(ValueError, match="has 3 devices"):  # before loading any data
         train_llama.main(["--mesh", "data=3", "--data", "/nonexistent"])
+
+
+def test_stateful_model_on_a_one_device_mesh_equals_no_mesh():
+    """The mesh path carries a model's non-parameter state (BatchNorm statistics, the
+    dropout RNG stream), replicated; on a one-device mesh it computes exactly what the
+    plain step computes."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(8, 16, rngs=rngs)
+            self.bn = nnx.BatchNorm(16, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.bn(self.up(x)))
+
+    opt = optax.adam(1e-2)
+    batch = jnp.arange(32.0).reshape(4, 8) / 32
+    out = []
+    for rules in (None, _rules()):
+        model = Net(nnx.Rngs(params=0, dropout=1))
+        loss_fn, params, model_state = nnx_loss_fn(model, lambda m, b: jnp.mean(m(b) ** 2),
+                                                   has_state=True)
+        state = init_state(params, opt, 0, model_state=model_state, mesh_rules=rules)
+        step = TrainStep(loss_fn, opt, has_state=True, mesh_rules=rules)
+        for i in range(2):
+            state, _ = step(state, batch, step=i)
+        out.append(state)
+    mean = out[1].model_state["bn"]["mean"].get_value()
+    assert mean.sharding.is_fully_replicated and float(jnp.abs(mean).sum()) > 0
+    for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1])):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
