@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -164,6 +165,23 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         assert got["rules"].batch_spec == jax.sharding.PartitionSpec(BATCH[layout])
 
     t = time.perf_counter()
+    def check_collectives(layout, got):
+        """What XLA made of the layout (the compiled step, from the jit cache): data
+        parallel all-reduces the gradients and gathers nothing; FSDP all-gathers the
+        weights (at least one gather per sharded weight matrix); tensor parallel
+        all-reduces (the row-split projections' outputs) and gathers no weight."""
+        jitted = got["step"].jitted._entry(got["state"])[1]  # noqa: SLF001
+        hlo = jitted.lower(got["state"], batches[0], "recipe").compile().as_text()
+        count = {op: len(re.findall(rf" {op}(-start)?\(", hlo))
+                 for op in ("all-gather", "all-reduce")}
+        results["collectives"] = {**results.get("collectives", {}), layout: count}
+        if layout == "dp":
+            assert count["all-gather"] == 0 and count["all-reduce"] >= 1, count
+        elif layout == "fsdp":
+            assert count["all-gather"] >= 9, count  # q, k, v, o, gate, up, down, embed, head
+        else:
+            assert count["all-reduce"] >= 2, count
+
     runs = {None: run(None)}
     results["seconds"]["1 device"] = round(time.perf_counter() - t, 2)
     for layout in LAYOUTS:
@@ -171,6 +189,7 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
             got = runs[layout] = run(layout)
             compare(layout, runs[None], got)
             check_shardings(layout, got)
+            check_collectives(layout, got)
         check(layout, one)
 
     def linen():

@@ -43,7 +43,9 @@ def test_sharded_training_checkpoints_and_example_on_8_devices(tmp_path):
       device as a large one.
     * The state's actual shardings are the rules': named parameters' specs and
       per-device shard shapes, the Adam moments sharded like their parameters, step and
-      key replicated, metrics replicated, the batch split over the data axes.
+      key replicated, metrics replicated, the batch split over the data axes. The
+      compiled steps' collectives fit: DP all-reduces gradients and gathers nothing,
+      FSDP all-gathers every weight matrix, TP all-reduces.
     * Checkpoints: a DP×TP state restores bit-identically onto its own mesh (and the
       next step from it equals the next step from the saved state, bit for bit), and
       onto other mesh shapes: 2 devices → 1, 1 → 2 (model), 8 (fsdp) → 4×2 (data ×
