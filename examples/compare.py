@@ -274,7 +274,7 @@ def main(
                         keep_first=a.keep_first, keep_last=a.keep_last,
                         keep_patterns=tuple(a.keep), eval_batches=a.eval_batches,
                         log_every=a.log_every,
-                        diag_every=a.diag_every)
+                        diag_every=a.diag_every, mesh=a.mesh)
     study = StudyConfig(recipes=tuple(r for r in a.recipes.split(",") if r),
                         max_steps=a.steps, time_budget_s=a.time_budget_s or None,
                         calib_steps=a.calib_steps, tail_fraction=a.tail_fraction, evals=a.evals)

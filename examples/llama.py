@@ -4,6 +4,13 @@ Plain nnx code with plain ``nnx.Linear`` layers — nothing fp4jax-specific. NVF
 applied afterwards, without editing the model, by `fp4jax.flax.nnx.quantize` and a
 policy (see ``train_llama.py``). Computation in BF16 (``dtype``), parameters in FP32
 (``param_dtype``): the FP32 masters of RECIPE.md §7.
+
+Every parameter names its axes, Flax style (``nnx.with_partitioning``): ``embed``
+(the model width), ``heads`` (attention heads × head dimension), ``mlp`` (the SwiGLU
+hidden width), ``vocab`` and ``norm``. `fp4jax.parallel.DEFAULT_RULES` map them to a
+mesh's ``data``/``fsdp``/``model`` axes: FSDP shards ``embed``; tensor parallelism
+splits q/k/v and gate/up by columns (``heads``/``mlp`` outputs) and o and down by rows
+(Megatron), the embedding and output head along ``vocab``.
 """
 
 from __future__ import annotations
@@ -128,6 +135,15 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
     return out.astype(x.dtype)
 
 
+def axes(init: nnx.Initializer, *names: str) -> nnx.Initializer:
+    """``init`` whose parameter has these logical axis names (for a mesh's rules).
+
+    Not sharded when created (``eager_sharding=False``): the model builds the same
+    with or without a mesh, and `fp4jax.train` places the state by the rules.
+    """
+    return nnx.with_partitioning(init, names, eager_sharding=False)
+
+
 class Attention(nnx.Module):
     """Causal multi-head self-attention with RoPE; q/k/v/o are ``nnx.Linear``."""
 
@@ -136,10 +152,11 @@ class Attention(nnx.Module):
         out_init = nnx.initializers.normal(0.02 / (2 * cfg.layers) ** 0.5)
         lin = dict(use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
         self.cfg = cfg
-        self.q = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
-        self.k = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
-        self.v = nnx.Linear(cfg.dim, cfg.dim, kernel_init=init, **lin)
-        self.o = nnx.Linear(cfg.dim, cfg.dim, kernel_init=out_init, **lin)
+        column, row = axes(init, "embed", "heads"), axes(out_init, "heads", "embed")
+        self.q = nnx.Linear(cfg.dim, cfg.dim, kernel_init=column, **lin)
+        self.k = nnx.Linear(cfg.dim, cfg.dim, kernel_init=column, **lin)
+        self.v = nnx.Linear(cfg.dim, cfg.dim, kernel_init=column, **lin)
+        self.o = nnx.Linear(cfg.dim, cfg.dim, kernel_init=row, **lin)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, s, _ = x.shape
@@ -159,9 +176,10 @@ class SwiGLU(nnx.Module):
         init = nnx.initializers.normal(0.02)
         out_init = nnx.initializers.normal(0.02 / (2 * cfg.layers) ** 0.5)
         lin = dict(use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.gate = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=init, **lin)
-        self.up = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=init, **lin)
-        self.down = nnx.Linear(cfg.hidden, cfg.dim, kernel_init=out_init, **lin)
+        column, row = axes(init, "embed", "mlp"), axes(out_init, "mlp", "embed")
+        self.gate = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=column, **lin)
+        self.up = nnx.Linear(cfg.dim, cfg.hidden, kernel_init=column, **lin)
+        self.down = nnx.Linear(cfg.hidden, cfg.dim, kernel_init=row, **lin)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(nnx.silu(self.gate(x)) * self.up(x))
@@ -171,7 +189,8 @@ class Block(nnx.Module):
     """Pre-norm transformer block."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-        norm = dict(dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+        norm = dict(dtype=cfg.compute_dtype, param_dtype=jnp.float32, rngs=rngs,
+                    scale_init=axes(nnx.initializers.ones, "norm"))
         self.attn_norm = nnx.RMSNorm(cfg.dim, **norm)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(cfg.dim, **norm)
@@ -187,14 +206,15 @@ class Llama(nnx.Module):
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab, cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                               embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.embed = nnx.Embed(
+            cfg.vocab, cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+            embedding_init=axes(nnx.initializers.normal(0.02), "vocab", "embed"), rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
         self.norm = nnx.RMSNorm(cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                                rngs=rngs)
-        self.lm_head = nnx.Linear(cfg.dim, cfg.vocab, use_bias=False, dtype=cfg.compute_dtype,
-                                  param_dtype=jnp.float32,
-                                  kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+                                scale_init=axes(nnx.initializers.ones, "norm"), rngs=rngs)
+        self.lm_head = nnx.Linear(
+            cfg.dim, cfg.vocab, use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+            kernel_init=axes(nnx.initializers.normal(0.02), "embed", "vocab"), rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         x = embed_tokens(self.embed, tokens, self.cfg.embed_lookup)

@@ -1,6 +1,7 @@
 """Train the small Llama (``llama.py``) on Python sources (``data.py``) in BF16 or NVFP4.
 
     python examples/train_llama.py --recipe nvfp4 --steps 300 --out /tmp/run
+    python examples/train_llama.py --mesh data=2,fsdp=2,model=2   # 8 devices
 
 The model is plain nnx; NVFP4 comes from `fp4jax.flax.nnx.quantize` with
 `fp4jax.flax.paper_policy` (embedding, output head, norms and attention products
@@ -16,6 +17,11 @@ puts them on the device ahead (`data.DevicePrefetcher`), the step number is the
 loop's counter, and metrics stay on the device until the next log point fetches
 them (`fp4jax.metrics_log.PendingMetrics`). Only evaluation, diagnostics and
 checkpoints wait for the device, at their own intervals.
+
+``--mesh data=D,fsdp=F,model=M`` (product = the device count) trains on a device
+mesh with `fp4jax.parallel.DEFAULT_RULES` applied to the model's logical axes: data
+parallel over ``data``, FSDP over ``fsdp``, tensor parallel (Megatron splits of the
+attention and MLP projections) over ``model``; the batch is split over data × fsdp.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 import fp4jax  # noqa: E402
 from fp4jax import diagnostics, metrics_log  # noqa: E402
 from fp4jax import train as train_lib  # noqa: E402
+from fp4jax.parallel import MeshRules  # noqa: E402
 
 STEPS_AHEAD = 3
 """Steps the loop may dispatch before the device finished them: enough to hide the
@@ -51,6 +58,55 @@ host's work between steps, few enough that a deadline is kept within a few steps
 
 PREFETCH = 2
 """Batches the input pipeline keeps ready on the device (double buffering)."""
+
+MESH_AXES = ("data", "fsdp", "model")
+"""The axes ``--mesh`` knows (`fp4jax.parallel.DEFAULT_RULES`' mesh axes)."""
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """``"data=2,model=4"`` → ``{"data": 2, "model": 4}`` (axes of `MESH_AXES`, sizes ≥ 1).
+
+    Example:
+      >>> parse_mesh("data=2,fsdp=1,model=4")
+      {'data': 2, 'fsdp': 1, 'model': 4}
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"mesh must look like 'data=2,model=4', got {spec!r}")
+    sizes: dict[str, int] = {}
+    for part in spec.split(","):
+        name, eq, size = part.strip().partition("=")
+        name = name.strip()
+        if not eq or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"mesh entry {part.strip()!r} of {spec!r} must be AXIS=SIZE with a "
+                             "positive integer size, e.g. 'data=2,model=4'")
+        if name not in MESH_AXES:
+            raise ValueError(f"unknown mesh axis {name!r} in {spec!r}; the axes are "
+                             f"{', '.join(MESH_AXES)}")
+        if name in sizes:
+            raise ValueError(f"mesh axis {name!r} is given twice in {spec!r}")
+        sizes[name] = int(size)
+    return sizes
+
+
+def make_mesh_rules(spec: str, devices: list | None = None) -> MeshRules:
+    """The mesh of a ``--mesh`` spec over ``devices`` (default: all), with `DEFAULT_RULES`.
+
+    Raises:
+      ValueError: a malformed spec, an unknown axis, or sizes whose product is not the
+        number of devices.
+    """
+    sizes = parse_mesh(spec)
+    devices = jax.devices() if devices is None else devices
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(
+            f"mesh {spec!r} has {math.prod(sizes.values())} devices "
+            f"({' x '.join(map(str, sizes.values()))}) but {len(devices)} are available: the "
+            "sizes' product must equal the device count"
+        )
+    mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes), devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(sizes))
+    return MeshRules(mesh=mesh)
+
 
 RECIPES = {
     "bf16": None,  # the plain, unconverted model
@@ -88,6 +144,7 @@ class RunConfig:
         ``"auto"`` takes the Hopper kernels where they are faster, XLA elsewhere).
       eval_bf16_forward: also evaluate a quantized run's final weights with every
         GEMM in BF16 (one more compilation).
+      mesh: a device mesh (`parse_mesh`), e.g. ``"data=2,model=4"``; empty: one device.
     """
 
     recipe: str = "nvfp4"
@@ -109,12 +166,19 @@ class RunConfig:
     diag_every: int = 0
     eval_bf16_forward: bool = True
     impl: str = "auto"
+    mesh: str = ""
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {self.recipe!r}")
         if self.recipe == "bf16" and self.bf16_forward_tail:
             raise ValueError("bf16_forward_tail only applies to NVFP4 recipes")
+        if self.mesh:
+            sizes = parse_mesh(self.mesh)
+            shards = sizes.get("data", 1) * sizes.get("fsdp", 1)
+            if self.batch % shards:
+                raise ValueError(f"batch={self.batch} must split evenly over the mesh's data "
+                                 f"and fsdp axes ({shards} parts, mesh {self.mesh!r})")
 
 
 class ScheduleState(NamedTuple):
@@ -172,6 +236,8 @@ class Trainer:
 
     def __init__(self, model_cfg: LlamaConfig, cfg: RunConfig, total_steps: int):
         self.model_cfg, self.cfg = model_cfg, cfg
+        self.mesh_rules = make_mesh_rules(cfg.mesh) if cfg.mesh else None
+        self.batch_sharding = self.mesh_rules.batch_sharding() if self.mesh_rules else None
         self.model = Llama(model_cfg, rngs=nnx.Rngs(cfg.seed))
         self.report = None
         recipe_fn = RECIPES[cfg.recipe]
@@ -189,6 +255,7 @@ class Trainer:
         self.step = train_lib.TrainStep(
             loss_fn, make_optimizer(cfg, total_steps), has_aux=True,
             max_grad_norm=cfg.max_grad_norm, schedule=schedule, donate=True,
+            mesh_rules=self.mesh_rules,
         )
         self.eval_step = train_lib.make_eval_step(loss_fn, has_aux=True)
         self.diag_step = train_lib.make_diagnostics_step(loss_fn, has_aux=True)
@@ -196,7 +263,8 @@ class Trainer:
     def init(self, total_steps: int) -> train_lib.TrainState:
         """A fresh state (same init for every recipe: quantization does not touch params)."""
         return train_lib.init_state(
-            self.params0, make_optimizer(self.cfg, total_steps), jax.random.key(self.cfg.seed)
+            self.params0, make_optimizer(self.cfg, total_steps), jax.random.key(self.cfg.seed),
+            mesh_rules=self.mesh_rules,
         )
 
     def set_total_steps(self, total_steps: int) -> None:
@@ -218,7 +286,8 @@ class Trainer:
         steps = max(int(steps), 1)
         state = self.init(steps + 1)
         t0 = time.perf_counter()
-        with data_lib.DevicePrefetcher(batches, 0, steps + 1, depth=PREFETCH) as feed:
+        with data_lib.DevicePrefetcher(batches, 0, steps + 1, depth=PREFETCH,
+                                       sharding=self.batch_sharding) as feed:
             for i, batch in feed:  # the training loop's input pipeline, without logging
                 if i == 1:
                     jax.block_until_ready(state.params)
@@ -229,8 +298,9 @@ class Trainer:
         final_mode = "recipe"
         if self.cfg.bf16_forward_tail > 0:
             final_mode = "bf16_forward"
-            state, _ = self.step.jitted(state, jax.device_put(batches(0)), mode=final_mode)
-        val = jax.device_put(val)  # as `train` holds it
+            state, _ = self.step.jitted(state, jax.device_put(batches(0), self.batch_sharding),
+                                        mode=final_mode)
+        val = jax.device_put(val, self.batch_sharding)  # as `train` holds it
         modes = [final_mode] + (
             ["bf16"] if self.report is not None and self.cfg.eval_bf16_forward else [])
         for mode in modes:  # compile
@@ -301,7 +371,7 @@ def train(
     logger = metrics_log.MetricsLogger(out, append=first > 0) if out else None
     bar = metrics_log.progress(total=stop_at, initial=first, desc=cfg.recipe,
                                disable=None if progress else True)
-    val = jax.device_put(val)  # every evaluation reuses these device copies
+    val = jax.device_put(val, trainer.batch_sharding)  # every evaluation reuses these copies
     curve: list[tuple[int, float]] = []
     pending = metrics_log.PendingMetrics()
     last: dict[str, Any] = {}
@@ -321,7 +391,8 @@ def train(
     done = first
     if progress and first < stop_at and trainer.step.num_compiled() == 0:
         print(f"[{cfg.recipe}] compiling the training step…", flush=True)
-    feed = data_lib.DevicePrefetcher(batches, first, stop_at, depth=PREFETCH)
+    feed = data_lib.DevicePrefetcher(batches, first, stop_at, depth=PREFETCH,
+                                     sharding=trainer.batch_sharding)
     try:
         for i, batch in feed:
             if deadline is not None and i > first and time.perf_counter() > deadline:
@@ -428,6 +499,19 @@ def describe(summary: dict[str, Any]) -> str:
     )
 
 
+def describe_mesh(mesh_rules: MeshRules, params: Any) -> str:
+    """The mesh and how the parameters are laid out on it (one line per distinct layout)."""
+    counts: dict[str, int] = collections.Counter()
+    for names in mesh_rules.logical_axes(params).values():
+        spec = mesh_rules.spec(names) if names else jax.sharding.PartitionSpec()
+        counts[f"{names} -> {spec}"] += 1
+    mesh = " x ".join(f"{n}={s}" for n, s in mesh_rules.mesh.shape.items())
+    lines = [f"mesh {mesh} ({mesh_rules.mesh.size} devices); batch split over "
+             f"{mesh_rules.batch_spec[0]!r}; parameter layouts:"]
+    lines += [f"  {k}: {v} parameters" for k, v in sorted(counts.items())]
+    return "\n".join(lines)
+
+
 def compute_dtype(name: str) -> str:
     """Resolves ``"auto"``: bfloat16 on accelerators, float32 on CPU."""
     if name != "auto":
@@ -458,6 +542,9 @@ def model_args(p: argparse.ArgumentParser, *, dim: int, layers: int, heads: int,
                         "BF16 matmuls are slow)")
     p.add_argument("--data", default=None,
                    help="a text tree to train on (default: this interpreter's Python sources)")
+    p.add_argument("--mesh", default="",
+                   help="a device mesh, e.g. data=2,fsdp=2,model=2 (product = device count): "
+                        "data parallel over data, FSDP over fsdp, tensor parallel over model")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -471,6 +558,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--ckpt-every", type=int, default=0)
     model_args(p, dim=256, layers=4, heads=4, batch=16, seq=256)
     a = p.parse_args(argv)
+    if a.mesh:
+        make_mesh_rules(a.mesh)  # a bad --mesh fails before the data is loaded
     corpus = data_lib.load_corpus([a.data] if a.data else None,
                                   suffix=None if a.data else ".py")
     print(corpus.describe())
@@ -478,13 +567,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = RunConfig(recipe=a.recipe, batch=a.batch, seq=a.seq, lr=a.lr, seed=a.seed,
                     keep_first=a.keep_first, keep_last=a.keep_last, keep_patterns=tuple(a.keep),
                     bf16_forward_tail=a.bf16_forward_tail, eval_every=a.eval_every,
-                    eval_batches=a.eval_batches, log_every=a.log_every, diag_every=a.diag_every)
+                    eval_batches=a.eval_batches, log_every=a.log_every, diag_every=a.diag_every,
+                    mesh=a.mesh)
     batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=a.seed)
     val = data_lib.validation_batches(corpus.val, batch=a.batch, seq=a.seq,
                                       max_batches=a.eval_batches)
     trainer = Trainer(mcfg, cfg, a.steps)
     if trainer.report is not None:
         print(trainer.report)
+    if trainer.mesh_rules is not None:
+        print(describe_mesh(trainer.mesh_rules, trainer.params0))
     summary = train(trainer, batches, val, steps=a.steps, out=a.out,
                     ckpt_dir=a.ckpt_dir, ckpt_every=a.ckpt_every)
     print(describe(summary))

@@ -38,7 +38,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 # Subpackages reachable as attributes; imported on first access.
-_SUBMODULES = ("diagnostics", "flax", "train", "checkpoint", "metrics_log", "testing")
+_SUBMODULES = ("diagnostics", "flax", "train", "checkpoint", "metrics_log", "testing", "parallel")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
@@ -60,7 +60,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-    from fp4jax import checkpoint, diagnostics, flax, metrics_log, testing, train
+    from fp4jax import checkpoint, diagnostics, flax, metrics_log, parallel, testing, train
     from fp4jax.implementation import dequantize, matmul, quantize
     from fp4jax.keys import layer_key
     from fp4jax.numerics.hadamard import DEFAULT_SIGNS as DEFAULT_HADAMARD_SIGNS

@@ -19,6 +19,13 @@ and CRC-32 (of its bytes on the host, at save time). `Checkpointer.restore`
 
 Checksums cover arrays this process can read whole (all of them on one host).
 
+**Meshes.** A sharded state (`fp4jax.train.init_state(..., mesh_rules=...)`) is saved
+shard by shard, and `Checkpointer.restore` reads every array straight into the
+sharding of the template's array (orbax's sharding-aware restore): a template placed
+on another mesh restores onto that mesh, bit for bit — 2 devices → 1, 1 → 2, 8 → 4×2
+(``init_state(..., mesh_rules=other)`` or ``jax.device_put(state,
+fp4jax.train.state_shardings(state, optimizer, other))`` builds it).
+
 Crash safety comes from orbax: a step is written to a temporary directory and
 renamed into place only when complete, so an interrupted save never replaces or
 corrupts the last good checkpoint; leftover temporary directories are ignored by
@@ -227,7 +234,7 @@ class Checkpointer:
         Args:
           template: a `TrainState` with the same structure, shapes and dtypes (e.g.
             a freshly initialized one, with ``model_state`` if the saved one had it);
-            its arrays' shardings are used.
+            each array is restored with the sharding of the template's (any mesh).
           step: which checkpoint.
           fallback: if that checkpoint is corrupted, warn and restore the newest
             older one that verifies.

@@ -17,6 +17,13 @@
 * **Diagnostics**: `make_diagnostics_step` runs a forward pass that records
   per-layer quantization statistics (`fp4jax.diagnostics`); call it every N steps.
   The training step itself never computes them.
+* **Mesh**: with ``mesh_rules=`` (a `fp4jax.parallel.MeshRules`: a device mesh and
+  logical-axis rules) `init_state` places the state and `TrainStep` compiles the step
+  with in/out shardings: data parallel, FSDP, tensor parallel or products of them
+  (`state_shardings`). SR keys do not depend on the mesh, so a run's result does not
+  depend on its device count beyond floating-point summation order. `make_eval_step`
+  and `make_diagnostics_step` follow their inputs' shardings (the state's parameters,
+  a batch placed with ``mesh_rules.batch_sharding()``).
 
 The model enters through ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``
 with ``has_aux=True``): for nnx use `nnx_loss_fn`; for linen
@@ -44,6 +51,7 @@ import optax
 from fp4jax import keys
 from fp4jax.flax import scope as scope_lib
 from fp4jax.flax.scope import Mode
+from fp4jax.parallel import MeshRules
 
 LossFn = Callable[..., Any]
 """``loss_fn(params, batch) -> loss`` or ``-> (loss, aux: dict)``; with ``has_state``:
@@ -88,6 +96,7 @@ def init_state(
     key: jax.Array | int,
     *,
     model_state: Any = None,
+    mesh_rules: MeshRules | None = None,
 ) -> TrainState:
     """Creates a `TrainState`: floating parameters become float32 masters (copies).
 
@@ -98,6 +107,9 @@ def init_state(
         ``jax.random.PRNGKey`` (stored typed).
       model_state: the model's non-parameter state (from ``nnx_loss_fn(...,
         has_state=True)``, or linen's non-``params`` collections); copied as is.
+      mesh_rules: place the state on this mesh (`state_shardings`): parameters as
+        the rules say, the optimizer state like its parameters (created sharded,
+        never whole on one device), the rest replicated.
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -110,6 +122,7 @@ def init_state(
         raise TypeError(
             f"optimizer must be an optax.GradientTransformation, got {type(optimizer).__name__}"
         )
+    _check_mesh_rules(mesh_rules)
     # Copies, so that a step with donated buffers never invalidates the caller's arrays.
     params = jax.tree.map(
         lambda p: jnp.array(p, dtype=jnp.float32 if jnp.issubdtype(p.dtype, jnp.floating) else None,
@@ -118,6 +131,16 @@ def init_state(
     )
     if model_state is not None:
         model_state = jax.tree.map(lambda x: jnp.array(x, copy=True), model_state)
+    if mesh_rules is not None:
+        shardings = _state_shardings(mesh_rules, optimizer, params, model_state)
+        params = jax.device_put(params, shardings.params)
+        return TrainState(
+            step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
+            params=params,
+            opt_state=jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params),
+            rng=jax.device_put(_as_key(key), shardings.rng),
+            model_state=jax.device_put(model_state, shardings.model_state),
+        )
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -128,6 +151,54 @@ def init_state(
     # Committed to their current devices, like the arrays a checkpoint restores: a
     # resumed run then reuses the compiled step instead of compiling it again.
     return jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+
+
+def _check_mesh_rules(mesh_rules: Any) -> None:
+    if mesh_rules is not None and not isinstance(mesh_rules, MeshRules):
+        raise TypeError(
+            f"mesh_rules must be a fp4jax.parallel.MeshRules, got {type(mesh_rules).__name__}"
+        )
+
+
+def _state_shardings(
+    mesh_rules: MeshRules, optimizer: optax.GradientTransformation, params: Any, model_state: Any
+) -> TrainState:
+    param_shardings = mesh_rules.param_shardings(params)
+    return TrainState(
+        step=mesh_rules.replicated(),
+        params=param_shardings,
+        opt_state=mesh_rules.optimizer_shardings(optimizer, params, param_shardings),
+        rng=mesh_rules.replicated(),
+        model_state=None if model_state is None else mesh_rules.annotated_shardings(model_state),
+    )
+
+
+def state_shardings(
+    state: TrainState, optimizer: optax.GradientTransformation, mesh_rules: MeshRules
+) -> TrainState:
+    """The `NamedSharding` of every array of ``state`` on ``mesh_rules``' mesh.
+
+    Parameters as the rules say (`fp4jax.parallel.MeshRules.param_shardings`), each
+    optimizer-state leaf like the parameter it belongs to, the model state as annotated
+    (else replicated), the step and the run key replicated. ``jax.device_put(state,
+    state_shardings(...))`` moves a state onto another mesh; a `fp4jax.checkpoint`
+    template so placed restores onto that mesh.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> from fp4jax.parallel import MeshRules
+      >>> from fp4jax.train import init_state, state_shardings
+      >>> rules = MeshRules(mesh=jax.make_mesh((1,), ("fsdp",)), param_rules=((".*", ("embed",)),))
+      >>> state = init_state({"w": jnp.ones(4)}, optax.adam(1e-3), 0)
+      >>> state_shardings(state, optax.adam(1e-3), rules).opt_state[0].mu["w"].spec
+      P('fsdp',)
+    """
+    if not isinstance(state, TrainState):
+        raise TypeError(f"state must be a TrainState, got {type(state).__name__}")
+    _check_mesh_rules(mesh_rules)
+    if mesh_rules is None:
+        raise TypeError("mesh_rules must be a fp4jax.parallel.MeshRules, got None")
+    return _state_shardings(mesh_rules, optimizer, state.params, state.model_state)
 
 
 def step_key(rng: jax.Array, step: jax.Array | int) -> jax.Array:
@@ -224,6 +295,12 @@ class TrainStep:
       schedule: the `PrecisionSchedule` (default: the layers' recipes throughout).
       donate: donate the input state's buffers (saves memory; the old state is
         invalid afterwards).
+      mesh_rules: run on this mesh (`fp4jax.parallel.MeshRules`): the step is
+        compiled with in/out shardings, the state's from `state_shardings` (a state
+        placed otherwise, e.g. a plain `init_state`, is moved there on its first
+        step) and the batch split over the rules' batch axes along every leaf's
+        leading dimension (pass host arrays, or arrays placed with
+        ``mesh_rules.batch_sharding()``). Metrics come back replicated.
 
     Metrics: ``loss``, ``grad_norm`` (before clipping) and the aux values.
 
@@ -252,6 +329,7 @@ class TrainStep:
         max_grad_norm: float | None = None,
         schedule: PrecisionSchedule | None = None,
         donate: bool = False,
+        mesh_rules: MeshRules | None = None,
     ):
         if not callable(loss_fn):
             raise TypeError("loss_fn must be callable")
@@ -270,11 +348,16 @@ class TrainStep:
         self.has_state = bool(has_state)
         self.max_grad_norm = max_grad_norm
         self.schedule = schedule
+        _check_mesh_rules(mesh_rules)
+        self.mesh_rules = mesh_rules
         self.traces = 0
         """How many times the step was traced (≈ compiled): one per mode used."""
-        self.jitted = jax.jit(
-            self._step, static_argnames=("mode",), donate_argnums=(0,) if donate else ()
-        )
+        donate_argnums = (0,) if donate else ()
+        if mesh_rules is None:
+            self.jitted = jax.jit(self._step, static_argnames=("mode",),
+                                  donate_argnums=donate_argnums)
+        else:
+            self.jitted = _ShardedStep(self._step, optimizer, mesh_rules, donate_argnums)
         self._last_step: tuple[jax.Array, int] | None = None  # (state.step returned, value)
 
     def _step(self, state: TrainState, batch: Any, mode: Mode) -> tuple[TrainState, dict]:
@@ -290,6 +373,10 @@ class TrainStep:
                 loss, aux = _split_loss(out, self.has_aux)
             return _check_loss(loss), (aux, model_state)
 
+        # FSDP: the parameters enter the loss sharded as the rules say, and XLA gathers
+        # each one where a layer uses it (in the layer's compute dtype). This is the one
+        # place where another weight-gather choice (e.g. all-gathering NVFP4 codes and
+        # scales instead of BF16 values) would be applied to `state.params`.
         (loss, (aux, model_state)), grads = jax.value_and_grad(wrapped, has_aux=True)(
             state.params
         )
@@ -326,6 +413,10 @@ class TrainStep:
                 "has_state=True (with loss_fn(params, model_state, batch, key))"
             )
         step = self._check_step(state, step)
+        if self.mesh_rules is not None:
+            self.mesh_rules.check_batch(batch)
+            if not self._returned(state):  # a fresh or restored state: put it on the mesh
+                state = jax.device_put(state, self.jitted.shardings(state))
         new_state, metrics = self.jitted(state, batch, mode=self.schedule.mode(step))
         self._last_step = (new_state.step, step + 1)
         return new_state, metrics
@@ -337,7 +428,7 @@ class TrainStep:
         if step is not None and (isinstance(step, bool) or not hasattr(step, "__index__")):
             raise TypeError(f"step must be an int (the host copy of state.step), got {step!r}")
         last = self._last_step
-        actual = last[1] if last is not None and state.step is last[0] else int(state.step)
+        actual = last[1] if self._returned(state) else int(state.step)
         if step is None:
             return actual
         step = operator.index(step)
@@ -348,9 +439,49 @@ class TrainStep:
             )
         return step
 
+    def _returned(self, state: TrainState) -> bool:
+        """Whether ``state`` is the one this object returned last."""
+        return self._last_step is not None and state.step is self._last_step[0]
+
     def num_compiled(self) -> int:
         """Number of compiled programs in the jit cache (one per mode used)."""
         return self.jitted._cache_size()  # noqa: SLF001
+
+
+class _ShardedStep:
+    """``jax.jit`` of a step with the in/out shardings of each state structure it sees.
+
+    The state's shardings depend on its structure (the parameters' annotations, the
+    optimizer state), so the jitted function is built for a structure on first use.
+    """
+
+    def __init__(self, fn: Callable, optimizer: optax.GradientTransformation,
+                 mesh_rules: MeshRules, donate_argnums: tuple[int, ...]):
+        self.fn, self.optimizer, self.mesh_rules = fn, optimizer, mesh_rules
+        self.donate_argnums = donate_argnums
+        self._by_structure: dict[Any, tuple[TrainState, Any]] = {}
+
+    def _entry(self, state: TrainState) -> tuple[TrainState, Any]:
+        structure = jax.tree.structure(state)
+        if structure not in self._by_structure:
+            shardings = state_shardings(state, self.optimizer, self.mesh_rules)
+            jitted = jax.jit(
+                self.fn, static_argnums=(2,), donate_argnums=self.donate_argnums,
+                in_shardings=(shardings, self.mesh_rules.batch_sharding()),
+                out_shardings=(shardings, self.mesh_rules.replicated()),
+            )
+            self._by_structure[structure] = (shardings, jitted)
+        return self._by_structure[structure]
+
+    def shardings(self, state: TrainState) -> TrainState:
+        """The in/out shardings of ``state`` (`state_shardings`)."""
+        return self._entry(state)[0]
+
+    def __call__(self, state: TrainState, batch: Any, *, mode: Mode) -> tuple[TrainState, dict]:
+        return self._entry(state)[1](state, batch, mode)  # pjit: no kwargs with in_shardings
+
+    def _cache_size(self) -> int:
+        return sum(j._cache_size() for _, j in self._by_structure.values())  # noqa: SLF001
 
 
 _EVAL_KEY_SEED = 0  # forward passes never consume SR bits; any fixed key does

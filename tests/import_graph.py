@@ -31,6 +31,7 @@ FLOORS: tuple[tuple[str, int], ...] = (
     ("fp4jax.diagnostics", 4),
     ("fp4jax.testing", 4),
     ("fp4jax.flax", 5),
+    ("fp4jax.parallel", 5),
     ("fp4jax.metrics_log", 6),
     ("fp4jax.train", 6),
     ("fp4jax.checkpoint", 7),
