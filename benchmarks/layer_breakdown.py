@@ -103,6 +103,8 @@ def main(argv=None) -> dict:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--json", required=True)
     p.add_argument("--trace", help="also write a jax.profiler trace of the layer here")
+    p.add_argument("--hlo", help="also write the layer's optimized HLO text here (to map the "
+                   "trace's fusion names to the layer's ops)")
     a = p.parse_args(argv)
     env = environment()
     ks = jax.random.split(jax.random.key(0), 8)
@@ -135,6 +137,9 @@ def main(argv=None) -> dict:
         print(f"| {name} | {t * 1e3:.3f} | {t / layer_s:.0%} | {t / bf16:.2f} |")
     result = {"environment": env, "shape": [a.tokens, a.d_in, a.d_out],
               "ms": {k: v * 1e3 for k, v in rows.items()}}
+    if a.hlo:
+        with open(a.hlo, "w") as f:
+            f.write(layer.lower(*sets[0]).compile().as_text())
     if a.trace:
         jax.block_until_ready(layer(*sets[0]))
         with jax.profiler.trace(a.trace, create_perfetto_trace=True):
