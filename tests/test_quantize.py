@@ -544,16 +544,20 @@ def test_empty_and_bad_keys_raise_clear_errors():
 
 
 @pytest.mark.parametrize("shape,kw", [
-    ((48, 80), {}), ((3, 32, 40), {}), ((40, 64), {"block_2d": True}),
-    ((64, 48), {"axis": 0, "block_2d": True})])
-def test_scaled_codes_decode_commutes_with_transposition(shape, kw):
-    """The GEMM operand decode (code · s in BF16) of an array packed along its last axis
-    (the bitcast-interleave path) equals the transposed decode of its .mT view (the
-    generic unpack path), bit for bit, padding included."""
+    ((48, 80), {}), ((3, 32, 40), {}), ((40, 64), {"block_2d": True}), ((48, 80), {"axis": 0}),
+    ((64, 48), {"axis": 0, "block_2d": True}), ((2, 40, 32), {"axis": 1})])
+def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
+    """The GEMM operand decode (code · s in BF16, no global scale), for codes packed along
+    the last axis (bitcast-interleave path) and along the second-to-last (decoded as the
+    .mT view), equals an independent transcription: unpack the nibbles, decode E2M1,
+    multiply by the per-element E4M3 scale — bit for bit, padding dropped."""
     from fp4jax.reference.quantization import scaled_codes_bf16
 
     q = fp4jax.quantize(jax.random.normal(jax.random.key(0), shape) * 3, **kw)
-    q = q if q.axis == q.ndim - 1 else q.mT
-    got = np.asarray(scaled_codes_bf16(q)).view(np.uint16)
-    want = np.asarray(jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2)).view(np.uint16)
-    np.testing.assert_array_equal(got, want)
+    codes = nvfp4_array.unpack_codes(q.data, q.axis)
+    want = nvfp4_array.e2m1_to_bf16(codes) * q.per_element(q.scales.astype(jnp.bfloat16))
+    want = jax.lax.slice_in_dim(want, 0, q.shape[q.axis], axis=q.axis)
+    got = scaled_codes_bf16(q)
+    assert got.shape == want.shape == q.shape
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
+                                  np.asarray(want).view(np.uint16))

@@ -182,6 +182,10 @@ def scaled_codes_bf16(q: NVFP4Array) -> jax.Array:
     (docs/RECIPE.md §9): E2M1 × E4M3 has at most 6 significant bits and fits BF16's range,
     so the product is exact. Padding is dropped.
     """
+    if q.axis == q.ndim - 2:
+        # Decoded as the .mT view (a transpose of the 4-bit codes, cheap) and transposed
+        # back: XLA folds that transpose into the GEMM's operand layout.
+        return jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2)
     if q.axis != q.ndim - 1:
         vals = e2m1_to_bf16(unpack_codes(q.data, q.axis))
         s = q.per_element(q.scales.astype(jnp.bfloat16))
