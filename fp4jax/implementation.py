@@ -74,15 +74,33 @@ def gemm_layout(rhs: NVFP4Array, *, lhs_from_mT: bool) -> GemmLayout:  # noqa: N
     return "dgrad" if rhs.axis == rhs.ndim - 1 else "fprop"
 
 
+KERNEL_WIN_MARGIN = 0.95
+"""The GEMM kernel must have measured at most this fraction of XLA's time to be chosen:
+measurement-noise ties go to XLA."""
+
+TABLE_SMS = 132
+"""SMs of the GPU the GEMM table was measured on (H200)."""
+
+
+def gemm_kernel_ctas(m: int, n: int, k: int) -> int:
+    """CTAs (output tiles × K splits) of the GEMM kernel's default tuning for a shape."""
+    from pallas_kernels import gemm_config  # the kernel's own tiling rule
+
+    cfg = gemm_config.default_config(m, n, k)
+    return -(-m // cfg.cta_tile_m) * (n // cfg.cta_tile_n) * cfg.k_splits
+
+
 def auto_prefers_gemm_kernel(m: int, n: int, k: int, layout: GemmLayout = "fprop") -> bool:
     """Whether ``"auto"`` sends an (M, K) × (K, N) NVFP4 GEMM to the Hopper kernel.
 
     Read from the measured table `fp4jax.gemm_table.MEASURED` (H200; regenerate it with
-    ``benchmarks/gemm_auto_table.py``): the kernel is chosen where it measured faster
-    than the XLA decode-and-dot path. A shape of the table follows its own measurement,
-    so ``"auto"`` is never the slower of the two there. Another shape follows the
-    nearest measured shape of the same layout (distance: the sum of ``|log2|`` ratios of
-    M, N and K).
+    ``benchmarks/gemm_auto_table.py``): the kernel is chosen where it measured at most
+    `KERNEL_WIN_MARGIN` of the XLA decode-and-dot time, so a shape of the table never
+    runs the slower implementation and noise-level ties go to XLA. Another shape follows
+    the nearest measured shape of its layout (distance: the sum of ``|log2|`` ratios of
+    M, N and K), but a kernel win is only carried over when the kernel would launch at
+    least as many CTAs as at that measured shape (or fill the GPU): a shape with a longer
+    K per CTA, e.g. a weight gradient over many tokens, is not assumed to win.
 
     Example:
       >>> auto_prefers_gemm_kernel(16, 8192, 8192, "fprop")  # skinny: 0.57x XLA's time
@@ -98,8 +116,12 @@ def auto_prefers_gemm_kernel(m: int, n: int, k: int, layout: GemmLayout = "fprop
         _, mm, nn, kk = key
         return sum(abs(math.log2(a / b)) for a, b in ((m, mm), (n, nn), (k, kk)))
 
-    _, (xla_ms, pallas_ms) = min(entries, key=lambda e: distance(e[0]))
-    return pallas_ms is not None and xla_ms is not None and pallas_ms < xla_ms
+    (_, mm, nn, kk), (xla_ms, pallas_ms) = min(entries, key=lambda e: distance(e[0]))
+    if pallas_ms is None or xla_ms is None or pallas_ms > KERNEL_WIN_MARGIN * xla_ms:
+        return False
+    if (m, n, k) == (mm, nn, kk):
+        return True
+    return gemm_kernel_ctas(m, n, k) >= min(gemm_kernel_ctas(mm, nn, kk), TABLE_SMS)
 
 
 def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
