@@ -16,11 +16,19 @@ training loop with no host work.
 `llama.LlamaConfig.embed_lookup` on corpus and on uniformly random tokens (one
 compilation per recipe and lookup); the gather's backward, an atomic scatter-add,
 depends on how often tokens repeat, the one-hot GEMM does not.
+
+For each NVFP4 recipe it prints the policy report (which layers are NVFP4; the
+embedding, norms, attention products and output head stay BF16) and where each
+quantized GEMM of the step runs (`auto_gemm_backends`): ``impl="auto"`` picks the
+Pallas kernel or the XLA path per (layout, M, N, K) from the measured table
+`fp4jax.gemm_table`, so the NVFP4 step time depends on those choices as much as on
+the policy. ``--impls xla,auto`` measures both side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -37,7 +45,10 @@ import data as data_lib  # noqa: E402
 import train_llama as tl  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
-from pallas_kernels import timing  # noqa: E402
+from benchmarks import gemm_auto_table  # noqa: E402
+from fp4jax import implementation  # noqa: E402
+from fp4jax.flax.nnx import matmul_layers  # noqa: E402
+from pallas_kernels import gemm, gemm_config, timing  # noqa: E402
 
 TOKENS = ("corpus", "random")
 
@@ -57,6 +68,69 @@ def threaded_step_seconds(step_fn: Callable, state, batch, *, iters: int, reps: 
         return cell[0]
 
     return timing.time_fn(one_step, [()], warmup=2, iters=iters, reps=reps)
+
+
+def auto_gemm_backends(trainer: tl.Trainer, tokens: int) -> list[dict]:
+    """Where the NVFP4 GEMMs of one training step run: one row per (layout, M, N, K).
+
+    Each quantized ``nnx.Linear`` (``d_in → d_out``) of ``trainer`` contributes the GEMMs
+    its recipe quantizes, with the operand layouts `fp4jax.dot_general` builds (those
+    `benchmarks.gemm_auto_table` measures): fprop ``(tokens, d_out, d_in)``, dgrad
+    ``(tokens, d_in, d_out)``, wgrad ``(d_in, d_out, tokens)`` as (M, N, K). A row gives
+    ``gemms`` (how many per step), ``sm90``: what ``impl="auto"`` runs on an H200 (the
+    table's verdict, where the kernel takes the operands), ``here``: what the trainer's
+    ``impl`` runs on this device, and ``kernel_ctas``: the Pallas kernel's grid (CTA
+    tiles × K splits of its default tuning), to compare with the GPU's SM count.
+    """
+    if trainer.report is None:
+        return []
+    recipes = {d.path: d.recipe for d in trainer.report.decisions}
+    counts: collections.Counter = collections.Counter()
+    for path, layer in matmul_layers(trainer.model):
+        recipe = recipes.get(path)
+        if path not in trainer.report.quantized or not hasattr(layer, "in_features"):
+            continue
+        d_in, d_out = layer.in_features, layer.out_features
+        for layout, operand in (("fprop", recipe.fprop_lhs), ("dgrad", recipe.dgrad_grad),
+                                ("wgrad", recipe.wgrad_lhs)):
+            if operand.quantized:
+                counts[(layout, d_in, d_out)] += 1
+    rows = []
+    for (layout, d_in, d_out), n in counts.items():
+        meta = []
+
+        def abstract(layout=layout, d_in=d_in, d_out=d_out, meta=meta):
+            lhs, rhs, from_mt, mnk = gemm_auto_table.operands(layout, tokens, d_in, d_out, 0)
+            meta.append((from_mt, mnk))
+            return lhs, rhs
+
+        lhs, rhs = jax.eval_shape(abstract)
+        from_mt, (m, n_, k) = meta[0]
+        prefers = implementation.auto_prefers_gemm_kernel(m, n_, k, layout)
+        reason = gemm.supports(lhs, rhs, lhs_from_mT=from_mt)
+        here = implementation.choose(trainer.cfg.impl, gemm=True, kernel_reason=lambda r=reason: r,
+                                     auto_prefers_kernel=prefers)
+        c = gemm_config.default_config(m, n_, k)
+        rows.append({"layout": layout, "m": m, "n": n_, "k": k, "gemms": n,
+                     "sm90": "pallas" if prefers and reason is None else "xla", "here": here,
+                     "kernel_ctas": -(-m // c.cta_tile_m) * (n_ // c.cta_tile_n) * c.k_splits})
+    return rows
+
+
+def describe_nvfp4(trainer: tl.Trainer, gemms: list[dict]) -> str:
+    """The policy report and the GEMM backend table of `auto_gemm_backends`."""
+    sms = getattr(jax.devices()[0], "core_count", None)
+    lines = [f"[{trainer.cfg.recipe}, impl={trainer.cfg.impl}] policy "
+             "(the embedding lookup, norms and attention products are no matmul layers: BF16):",
+             str(trainer.report),
+             f"NVFP4 GEMMs of one step (sm90: impl='auto' on an H200, from fp4jax.gemm_table; "
+             f"here: on {jax.devices()[0].device_kind}"
+             + (f", {sms} SMs" if sms else "") + "):",
+             "| layout | M | N | K | GEMMs | sm90 | here | kernel CTAs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {g['layout']} | {g['m']} | {g['n']} | {g['k']} | {g['gemms']} | {g['sm90']} | "
+              f"{g['here']} | {g['kernel_ctas']} |" for g in gemms]
+    return "\n".join(lines)
 
 
 def default_heads(dim: int) -> int:
@@ -88,13 +162,21 @@ def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *
     t0 = time.perf_counter()
     compiled = trainer.step.jitted.lower(trainer.init(steps), first, mode="recipe").compile()
     compile_s = time.perf_counter() - t0
+    nvfp4 = {}
+    if trainer.report is not None:
+        gemms = auto_gemm_backends(trainer, cfg.batch * cfg.seq)
+        print(describe_nvfp4(trainer, gemms), flush=True)
+        nvfp4 = {"quantized_layers": list(trainer.report.quantized),
+                 "high_precision_layers": list(trainer.report.high_precision),
+                 "gemms": gemms,
+                 "kernel_gemms": sum(g["gemms"] for g in gemms if g["here"] == "pallas")}
     rows = []
     for kind, batch in data.items():
         step_s = threaded_step_seconds(compiled, trainer.init(steps), batch, iters=iters,
                                        reps=reps)
         rows.append({"recipe": cfg.recipe, "impl": cfg.impl if cfg.recipe != "bf16" else "-",
                      "embed": model_cfg.embed_lookup, "tokens": kind, "compile_s": compile_s,
-                     "step_ms": step_s * 1e3})
+                     "step_ms": step_s * 1e3, **nvfp4})
     return rows
 
 
@@ -149,10 +231,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"command: {command}")
     print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
           f"compute {result['compute_dtype']}; the examples' Trainer step, state threaded")
-    print("| recipe | impl | embed | tokens | compile s | x BF16 | step ms | x BF16 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| recipe | impl | embed | tokens | NVFP4 layers | kernel GEMMs | compile s | x BF16 "
+          "| step ms | x BF16 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        layers = len(r.get("quantized_layers", []))
+        total = layers + len(r.get("high_precision_layers", []))
         print(f"| {r['recipe']} | {r['impl']} | {r['embed']} | {r['tokens']} | "
+              f"{f'{layers} of {total}' if total else '-'} | {r.get('kernel_gemms', '-')} | "
               f"{r['compile_s']:.1f} | {r['compile_ratio']:.2f} | {r['step_ms']:.2f} | "
               f"{r['step_ratio']:.2f} |")
     return result
