@@ -57,6 +57,7 @@ from fp4jax import keys
 from fp4jax.flax import scope as scope_lib
 from fp4jax.flax.scope import Mode
 from fp4jax.parallel import MeshRules
+from fp4jax.weight_gather import FP4Gather
 
 LossFn = Callable[..., Any]
 """``loss_fn(params, batch) -> loss`` or ``-> (loss, aux: dict)``; with ``has_state``:
@@ -371,7 +372,7 @@ class TrainStep:
         self.mesh_rules = mesh_rules
         self.traces = 0
         """How many times the step was traced (≈ compiled): one per mode used."""
-        self.fp4_gathered: dict[str, Any] = {}
+        self.fp4_gathered: dict[str, FP4Gather] = {}
         """``{layer name: fp4jax.FP4Gather}``: the layers whose FSDP-sharded weights the
         compiled steps gather as NVFP4 codes and scales (filled when a step is traced)."""
         donate_argnums = (0,) if donate else ()

@@ -162,7 +162,7 @@ class Scope:
             return None
         spec = PartitionSpec(*gather.spec[lead:])
         mesh = jax.sharding.get_abstract_mesh()
-        used = {a for entry in spec for a in weight_gather.mesh_axes(entry)}
+        used = {a for e in spec for a in weight_gather.mesh_axes(e)}
         if mesh.empty or not used <= set(mesh.axis_names) or not used & set(gather.axes):
             return None
         ndim = len(rhs_shape)
