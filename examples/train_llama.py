@@ -2,6 +2,7 @@
 
     python examples/train_llama.py --recipe nvfp4 --steps 300 --out /tmp/run
     python examples/train_llama.py --mesh data=2,fsdp=2,model=2   # 8 devices
+    python examples/train_llama.py --mesh fsdp=2 --no-fp4-gather  # BF16 weight gathers
 
 The model is plain nnx; NVFP4 comes from `fp4jax.flax.nnx.quantize` with
 `fp4jax.flax.paper_policy` (embedding, output head, norms and attention products
@@ -22,6 +23,10 @@ checkpoints wait for the device, at their own intervals.
 mesh with `fp4jax.parallel.DEFAULT_RULES` applied to the model's logical axes: data
 parallel over ``data``, FSDP over ``fsdp``, tensor parallel (Megatron splits of the
 attention and MLP projections) over ``model``; the batch is split over data × fsdp.
+Under FSDP the NVFP4 layers' weights are quantized per shard and all-gathered as NVFP4
+codes and scales (`fp4jax.parallel.MeshRules.fp4_gather`; the run lists them and
+``summary.json`` has ``fp4_gathered``); ``--no-fp4-gather`` lets XLA gather them in
+their compute dtype instead, for comparison (same results).
 """
 
 from __future__ import annotations
@@ -88,8 +93,10 @@ def parse_mesh(spec: str) -> dict[str, int]:
     return sizes
 
 
-def make_mesh_rules(spec: str, devices: list | None = None) -> MeshRules:
-    """The mesh of a ``--mesh`` spec over ``devices`` (default: all), with `DEFAULT_RULES`.
+def make_mesh_rules(spec: str, devices: list | None = None, *,
+                    fp4_gather: bool = True) -> MeshRules:
+    """The mesh of a ``--mesh`` spec over ``devices`` (default: all), with `DEFAULT_RULES`
+    and ``fp4_gather`` (`fp4jax.parallel.MeshRules`: FSDP gathers NVFP4 weights in NVFP4).
 
     Raises:
       ValueError: a malformed spec, an unknown axis, or sizes whose product is not the
@@ -105,7 +112,7 @@ def make_mesh_rules(spec: str, devices: list | None = None) -> MeshRules:
         )
     mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes), devices=devices,
                          axis_types=(jax.sharding.AxisType.Auto,) * len(sizes))
-    return MeshRules(mesh=mesh)
+    return MeshRules(mesh=mesh, fp4_gather=fp4_gather)
 
 
 RECIPES = {
@@ -145,6 +152,8 @@ class RunConfig:
       eval_bf16_forward: also evaluate a quantized run's final weights with every
         GEMM in BF16 (one more compilation).
       mesh: a device mesh (`parse_mesh`), e.g. ``"data=2,model=4"``; empty: one device.
+      fp4_gather: under FSDP, all-gather the NVFP4 layers' weights as NVFP4 codes and
+        scales (False: XLA gathers them in the compute dtype).
     """
 
     recipe: str = "nvfp4"
@@ -167,6 +176,7 @@ class RunConfig:
     eval_bf16_forward: bool = True
     impl: str = "auto"
     mesh: str = ""
+    fp4_gather: bool = True
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
@@ -236,7 +246,8 @@ class Trainer:
 
     def __init__(self, model_cfg: LlamaConfig, cfg: RunConfig, total_steps: int):
         self.model_cfg, self.cfg = model_cfg, cfg
-        self.mesh_rules = make_mesh_rules(cfg.mesh) if cfg.mesh else None
+        self.mesh_rules = (make_mesh_rules(cfg.mesh, fp4_gather=cfg.fp4_gather) if cfg.mesh
+                           else None)
         self.batch_sharding = self.mesh_rules.batch_sharding() if self.mesh_rules else None
         self.model = Llama(model_cfg, rngs=nnx.Rngs(cfg.seed))
         self.report = None
@@ -257,8 +268,10 @@ class Trainer:
             max_grad_norm=cfg.max_grad_norm, schedule=schedule, donate=True,
             mesh_rules=self.mesh_rules,
         )
-        self.eval_step = train_lib.make_eval_step(loss_fn, has_aux=True)
-        self.diag_step = train_lib.make_diagnostics_step(loss_fn, has_aux=True)
+        self.eval_step = train_lib.make_eval_step(loss_fn, has_aux=True,
+                                                  mesh_rules=self.mesh_rules)
+        self.diag_step = train_lib.make_diagnostics_step(loss_fn, has_aux=True,
+                                                         mesh_rules=self.mesh_rules)
 
     def init(self, total_steps: int) -> train_lib.TrainState:
         """A fresh state (same init for every recipe: quantization does not touch params)."""
@@ -471,6 +484,7 @@ def train(
         "params": trainer.model_cfg.param_counts(),
         "train_flops_per_token": trainer.model_cfg.train_flops_per_token(cfg.seq),
         "quantized_layers": len(trainer.report.quantized) if trainer.report else 0,
+        "fp4_gathered": sorted(trainer.step.fp4_gathered),
         "matmul_layers": len(trainer.report.decisions) if trainer.report else None,
     }
     if cfg.eval_bf16_forward and trainer.report is not None and final_mode != "bf16":
@@ -556,6 +570,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default=None, help="directory for metrics.jsonl/csv, summary.json")
     p.add_argument("--ckpt-dir", default=None, help="checkpoint here; resume if one exists")
     p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--no-fp4-gather", action="store_true",
+                   help="with --mesh ...fsdp=F: let XLA gather the NVFP4 layers' weights in the "
+                        "compute dtype instead of as NVFP4 codes and scales (for comparison)")
     model_args(p, dim=256, layers=4, heads=4, batch=16, seq=256)
     a = p.parse_args(argv)
     if a.mesh:
@@ -568,7 +585,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     keep_first=a.keep_first, keep_last=a.keep_last, keep_patterns=tuple(a.keep),
                     bf16_forward_tail=a.bf16_forward_tail, eval_every=a.eval_every,
                     eval_batches=a.eval_batches, log_every=a.log_every, diag_every=a.diag_every,
-                    mesh=a.mesh)
+                    mesh=a.mesh, fp4_gather=not a.no_fp4_gather)
     batches = data_lib.Batches(corpus.train, batch=a.batch, seq=a.seq, seed=a.seed)
     val = data_lib.validation_batches(corpus.val, batch=a.batch, seq=a.seq,
                                       max_batches=a.eval_batches)
@@ -579,6 +596,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(describe_mesh(trainer.mesh_rules, trainer.params0))
     summary = train(trainer, batches, val, steps=a.steps, out=a.out,
                     ckpt_dir=a.ckpt_dir, ckpt_every=a.ckpt_every)
+    if trainer.mesh_rules is not None:
+        gathered = summary["fp4_gathered"]
+        print(f"weights all-gathered as NVFP4 codes + scales: {len(gathered)} layers"
+              + (f" ({', '.join(gathered)})" if gathered else ""))
     print(describe(summary))
     return summary
 

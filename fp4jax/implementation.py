@@ -15,6 +15,13 @@ reads the per-shape, per-layout H200 timings of `fp4jax.gemm_table`;
 `auto_prefers_quantize_kernel`), the reference otherwise. An explicit ``impl="pallas"``
 never falls back: a problem the kernel does not take raises `ValueError` with the
 kernel's own reason (its ``supports()`` predicate).
+
+**Meshes.** The kernels are custom calls on one device's operands, which XLA cannot
+partition. Traced under a mesh of more than one device (``jax.set_mesh``,
+``jax.sharding.use_abstract_mesh``; `fp4jax.train` traces its steps under its mesh),
+or given an operand placed on several devices, ``"auto"`` takes the XLA path and
+``"pallas"`` raises (`mesh_reason`). Inside ``shard_map`` the mesh's manual axes do not
+count: there the operands are one device's shards.
 """
 
 from __future__ import annotations
@@ -43,6 +50,35 @@ Backend = Literal["xla", "pallas", "native"]
 IMPLS: tuple[str, ...] = ("xla", "pallas", "native", "auto")
 
 GEMM_KERNEL_OUTPUT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+
+def mesh_reason(*operands: Any) -> str | None:
+    """Why the single-device kernels cannot run here, or None: the mesh in context at
+    trace time (its axes that are not manual, as inside ``shard_map``) spans more than
+    one device, or a concrete operand (an array or an `NVFP4Array`) is placed on several.
+
+    Example:
+      >>> import jax
+      >>> mesh = jax.sharding.AbstractMesh((4,), ("fsdp",))
+      >>> with jax.sharding.use_abstract_mesh(mesh):
+      ...   mesh_reason()
+      "operands may be sharded over a 4-device mesh; the kernels run on one device's operands"
+      >>> mesh_reason() is None
+      True
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    devices = 1
+    if not mesh.empty:
+        devices = math.prod(size for size, kind in zip(mesh.axis_sizes, mesh.axis_types)
+                            if kind != jax.sharding.AxisType.Manual)
+    for x in operands:
+        x = x.data if isinstance(x, NVFP4Array) else x
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            devices = max(devices, len(x.sharding.device_set))
+    if devices > 1:
+        return (f"operands may be sharded over a {devices}-device mesh; the kernels run on "
+                "one device's operands")
+    return None
 
 
 def check_impl(impl: Any) -> Impl:
@@ -242,7 +278,7 @@ def quantize(
     def kernel_reason() -> str | None:
         from pallas_kernels import quantize_single
 
-        return quantize_single.supports(
+        return mesh_reason(args.x) or quantize_single.supports(
             args.x.shape, args.x.dtype, axis=args.axis, block_2d=block_2d, hadamard=hadamard)
 
     backend = choose(
@@ -317,7 +353,7 @@ def quantize_rowwise_columnwise(
     def kernel_reason() -> str | None:
         from pallas_kernels import quantize_two_output
 
-        return quantize_two_output.supports(
+        return mesh_reason(x) or quantize_two_output.supports(
             (layout.num_blocks(m) * BLOCK,) + x.shape[1:], x.dtype)
 
     backend = choose(
@@ -389,6 +425,8 @@ def matmul(
     def kernel_reason() -> str | None:
         from pallas_kernels import gemm
 
+        if (reason := mesh_reason(lhs, rhs)) is not None:
+            return reason
         if out_sharding is not None:
             return "the kernel runs on one device's operands (no out_sharding)"
         if out_dtype not in GEMM_KERNEL_OUTPUT_DTYPES:

@@ -27,6 +27,13 @@ and XLA inserts the collectives: the gradient all-reduce of data parallelism, th
 per-layer weight all-gathers and gradient reduce-scatters of FSDP, the activation
 all-reduces of tensor parallelism. The step computes what the unsharded step computes
 (same SR keys and bits, global amaxes); only floating-point summation orders differ.
+
+**FP4 weight gathers** (`MeshRules.fp4_gather`, on by default): a parameter sharded over
+a mesh axis that also splits the batch (``fsdp`` in `DEFAULT_RULES`) must be gathered
+for every GEMM that uses it. When an fp4jax layer quantizes that weight, the step has it
+quantized once per shard (global amax) and all-gathers the packed NVFP4 codes and E4M3
+scales instead of the high-precision values (`fp4jax.FP4Gather`, docs/SHARDING.md):
+about 3.9x fewer bytes than BF16, the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from fp4jax.weight_gather import FP4Gather
 
 MeshAxes = str | tuple[str, ...] | None
 """One or more mesh axes (None: none)."""
@@ -158,6 +167,9 @@ class MeshRules:
         (first match wins) gets these names, before and instead of the model's own
         annotation. For models without annotations (e.g. plain linen ``params``).
       batch_axis: the logical name of a batch's leading dimension.
+      fp4_gather: gather FSDP-sharded weights of NVFP4 layers as NVFP4 codes and
+        scales (`fp4_gathers`); False: XLA gathers them in their compute dtype (the
+        plain FSDP baseline). Results are the same either way.
 
     Example:
       >>> import jax
@@ -172,6 +184,7 @@ class MeshRules:
     rules: Rules = DEFAULT_RULES
     param_rules: tuple[tuple[str, tuple[str | None, ...]], ...] = ()
     batch_axis: str = "batch"
+    fp4_gather: bool = True
 
     def __post_init__(self):
         if not isinstance(self.mesh, Mesh):
@@ -192,6 +205,8 @@ class MeshRules:
         object.__setattr__(self, "param_rules", tuple(param_rules))
         if not isinstance(self.batch_axis, str):
             raise TypeError(f"batch_axis must be a logical axis name, got {self.batch_axis!r}")
+        if not isinstance(self.fp4_gather, bool):
+            raise TypeError(f"fp4_gather must be a bool, got {self.fp4_gather!r}")
 
     @functools.cached_property
     def auto_mesh(self) -> Mesh:
@@ -296,6 +311,46 @@ class MeshRules:
             return _rewrap(x, self._leaf_sharding(path_name(path), x))
 
         return jax.tree_util.tree_map_with_path(shard, params, is_leaf=_is_annotated)
+
+    def fsdp_axes(self, spec: PartitionSpec) -> tuple[str, ...]:
+        """The mesh axes (of more than one device) over which a parameter sharded as
+        ``spec`` is gathered for its GEMMs: those that also split the batch (FSDP).
+        Other axes (tensor parallelism) stay sharded.
+
+        Example:
+          >>> import jax
+          >>> from jax.sharding import PartitionSpec as P
+          >>> from fp4jax.parallel import MeshRules
+          >>> MeshRules(mesh=jax.make_mesh((1, 1), ("fsdp", "model"))).fsdp_axes(P("fsdp"))
+          ()
+        """
+        batch = set(_mesh_axes_tuple(self.batch_spec[0]))
+        return tuple(a for entry in spec for a in _mesh_axes_tuple(entry)
+                     if a in batch and self.mesh.shape[a] > 1)
+
+    def fp4_gathers(self, params: Any) -> dict[str, tuple[tuple[int, ...], FP4Gather]]:
+        """``{path: (shape, FP4Gather)}`` for every parameter FSDP shards (`fsdp_axes`);
+        empty when ``fp4_gather`` is False.
+
+        `fp4jax.train` hands these to its step scope: an fp4jax layer named ``N`` whose
+        right operand is parameter ``N.kernel`` (Flax's name for a matmul layer's
+        weight) or ``N`` gathers it in NVFP4 where the shards hold whole 16-blocks
+        (`fp4jax.flax.Scope.rhs_gather`). Works on traced parameters (shapes and
+        annotations only).
+        """
+        if not self.fp4_gather:
+            return {}
+        out = {}
+        flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_annotated)[0]
+        for p, x in flat:
+            path = path_name(p)
+            spec = self._leaf_sharding(path, x).spec
+            axes = self.fsdp_axes(spec)
+            if axes:
+                shape = tuple(np.shape(_leaf_value(x)))
+                spec = PartitionSpec(*(tuple(spec) + (None,) * (len(shape) - len(spec))))
+                out[path] = (shape, FP4Gather(axes=axes, spec=spec))
+        return out
 
     def annotated_shardings(self, tree: Any) -> Any:
         """Shardings of non-parameter state: annotated leaves as annotated, the rest replicated."""

@@ -297,6 +297,8 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
         own_gather = weight_gather.Gather.of(rhs_gather, rhs)
         gather = own_gather.with_spec(c.rhs_spec_of(own_gather.sharded))
     shardings = GemmShardings.of(a, b, None if gather is None else gather.gathered)
+    if gather is not None:  # contract K where the gathered weight has it
+        a = gather.last_dim_as(a, 1)
     r = recipe
     x_col = None
     if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
@@ -312,7 +314,8 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
     if gather is not None and r.fprop_rhs.quantized:  # quantized per shard, then gathered
         qb = gather.nvfp4(qb)
     if r.fprop_lhs.quantized:
-        y = c.out(_bmm(qa, qb, precision, impl, shardings.fprop)).astype(out_dtype)
+        y = _bmm(qa, qb, precision, impl, shardings.fprop)
+        y = c.out(y if gather is None else gather.last_dim_as(y, 2)).astype(out_dtype)
     else:  # the caller's own GEMM, exactly as lax.dot_general computes it
         w = rhs if own_gather is None else own_gather.array(rhs)
         y = lax.dot_general(lhs, w, dn, precision=precision, preferred_element_type=out_dtype)
@@ -341,7 +344,7 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, 
     r = recipe
     if key is None and (err := missing_key_error(r, BACKWARD_ROLES)) is not None:
         raise err
-    gc = c.grad(g)
+    gc = c.grad(g) if gather is None else gather.last_dim_as(c.grad(g), 2)
     if r.dgrad_grad.quantized and r.wgrad_grad.quantized:
         # dY rowwise (dgrad) and dY columnwise (wgrad), from one read where a kernel can.
         qg_row, qg_col = _rowwise_and_columnwise(gc, r.dgrad_grad, r.wgrad_grad, key,
@@ -356,6 +359,8 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, 
         da = _bmm(qg_row, w_res.mT, precision, impl, shardings.dgrad)
     else:
         da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl, shardings.dgrad)
+    if gather is not None:
+        da = gather.last_dim_as(da, 1)
     # wgrad: dW = X^T dY, contracting tokens.
     if r.wgrad_grad.quantized:
         db = _bmm(x_res.mT, qg_col, precision, impl, shardings.wgrad, lhs_from_mT=True)

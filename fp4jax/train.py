@@ -21,9 +21,13 @@
   logical-axis rules) `init_state` places the state and `TrainStep` compiles the step
   with in/out shardings: data parallel, FSDP, tensor parallel or products of them
   (`state_shardings`). SR keys do not depend on the mesh, so a run's result does not
-  depend on its device count beyond floating-point summation order. `make_eval_step`
-  and `make_diagnostics_step` follow their inputs' shardings (the state's parameters,
-  a batch placed with ``mesh_rules.batch_sharding()``).
+  depend on its device count beyond floating-point summation order. Under FSDP the
+  NVFP4 layers' weights are gathered as NVFP4 codes and scales
+  (`fp4jax.parallel.MeshRules.fp4_gather`; `TrainStep.fp4_gathered` names them). The
+  step is traced under the mesh, so ``impl="auto"`` keeps the single-device Pallas
+  kernels out of it (`fp4jax.implementation.mesh_reason`). `make_eval_step` and
+  `make_diagnostics_step` take the same ``mesh_rules`` and follow their inputs'
+  shardings (the state's parameters, a batch placed with ``mesh_rules.batch_sharding()``).
 
 The model enters through ``loss_fn(params, batch) -> loss`` (or ``(loss, aux)``
 with ``has_aux=True``): for nnx use `nnx_loss_fn`; for linen
@@ -36,6 +40,7 @@ new_model_state)``, where ``key`` is the step's `fp4jax.keys.model_key` (for lin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import operator
@@ -52,6 +57,7 @@ from fp4jax import keys
 from fp4jax.flax import scope as scope_lib
 from fp4jax.flax.scope import Mode
 from fp4jax.parallel import MeshRules
+from fp4jax.weight_gather import FP4Gather
 
 LossFn = Callable[..., Any]
 """``loss_fn(params, batch) -> loss`` or ``-> (loss, aux: dict)``; with ``has_state``:
@@ -201,6 +207,18 @@ def state_shardings(
     return _state_shardings(mesh_rules, optimizer, state.params, state.model_state)
 
 
+def _traced_under(mesh_rules: MeshRules | None) -> contextlib.AbstractContextManager:
+    """The context a step is traced in: the rules' mesh (abstract, usable inside a trace),
+    where `fp4jax.FP4Gather` finds its axes and the kernel choice sees the device count."""
+    if mesh_rules is None:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(mesh_rules.auto_mesh.abstract_mesh)
+
+
+def _weight_gathers(mesh_rules: MeshRules | None, params: Any) -> dict:
+    return {} if mesh_rules is None else mesh_rules.fp4_gathers(params)
+
+
 def step_key(rng: jax.Array, step: jax.Array | int) -> jax.Array:
     """The SR key of one step: ``fold_in(rng, step)``."""
     return jax.random.fold_in(rng, step)
@@ -300,7 +318,9 @@ class TrainStep:
         placed otherwise, e.g. a plain `init_state`, is moved there on its first
         step) and the batch split over the rules' batch axes along every leaf's
         leading dimension (pass host arrays, or arrays placed with
-        ``mesh_rules.batch_sharding()``). Metrics come back replicated.
+        ``mesh_rules.batch_sharding()``). Metrics come back replicated. Under FSDP the
+        NVFP4 layers gather their weights in NVFP4 unless ``mesh_rules.fp4_gather`` is
+        False (`fp4_gathered`).
 
     Metrics: ``loss``, ``grad_norm`` (before clipping) and the aux values.
 
@@ -352,6 +372,9 @@ class TrainStep:
         self.mesh_rules = mesh_rules
         self.traces = 0
         """How many times the step was traced (≈ compiled): one per mode used."""
+        self.fp4_gathered: dict[str, FP4Gather] = {}
+        """``{layer name: fp4jax.FP4Gather}``: the layers whose FSDP-sharded weights the
+        compiled steps gather as NVFP4 codes and scales (filled when a step is traced)."""
         donate_argnums = (0,) if donate else ()
         if mesh_rules is None:
             self.jitted = jax.jit(self._step, static_argnames=("mode",),
@@ -361,22 +384,27 @@ class TrainStep:
         self._last_step: tuple[jax.Array, int] | None = None  # (state.step returned, value)
 
     def _step(self, state: TrainState, batch: Any, mode: Mode) -> tuple[TrainState, dict]:
+        with _traced_under(self.mesh_rules):
+            return self._traced_step(state, batch, mode)
+
+    def _traced_step(self, state: TrainState, batch: Any, mode: Mode) -> tuple[TrainState, dict]:
         self.traces += 1
         key = step_key(state.rng, state.step)
+        # FSDP: the parameters enter the loss sharded as the rules say. A weight that an
+        # NVFP4 layer quantizes is quantized per shard and gathered as codes and scales
+        # (the scope's weight_gathers); XLA gathers the others where they are used.
+        gathers = _weight_gathers(self.mesh_rules, state.params)
 
         def wrapped(params):
-            with scope_lib.step_scope(key, mode=mode):
+            with scope_lib.step_scope(key, mode=mode, weight_gathers=gathers) as scope:
                 out, model_state = call_loss(
                     self.loss_fn, params, batch, has_state=self.has_state,
                     model_state=state.model_state, key=keys.model_key(key),
                 )
                 loss, aux = _split_loss(out, self.has_aux)
+            self.fp4_gathered.update(scope.fp4_gathered)
             return _check_loss(loss), (aux, model_state)
 
-        # FSDP: the parameters enter the loss sharded as the rules say, and XLA gathers
-        # each one where a layer uses it (in the layer's compute dtype). This is the one
-        # place where another weight-gather choice (e.g. all-gathering NVFP4 codes and
-        # scales instead of BF16 values) would be applied to `state.params`.
         (loss, (aux, model_state)), grads = jax.value_and_grad(wrapped, has_aux=True)(
             state.params
         )
@@ -488,7 +516,8 @@ _EVAL_KEY_SEED = 0  # forward passes never consume SR bits; any fixed key does
 
 
 def make_eval_step(
-    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False
+    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False,
+    mesh_rules: MeshRules | None = None,
 ) -> Callable[..., dict[str, jax.Array]]:
     """A jitted forward pass: ``eval_step(params, batch, mode="recipe") -> metrics``.
 
@@ -496,6 +525,8 @@ def make_eval_step(
     GEMMs round to nearest; the key only feeds backward passes, which do not run).
     With ``has_state``, pass ``model_state=`` (its updates are dropped); build the
     loss function from the model in eval mode (``model.eval()`` before `nnx_loss_fn`).
+    With ``mesh_rules`` (the `TrainStep`'s) it is traced under that mesh and gathers
+    FSDP-sharded NVFP4 weights like the training step.
 
     Example:
       >>> import jax.numpy as jnp
@@ -504,10 +535,14 @@ def make_eval_step(
       Array(3., dtype=float32)
     """
 
+    _check_mesh_rules(mesh_rules)
+
     @functools.partial(jax.jit, static_argnames=("mode",))
     def eval_step(params, batch, mode: Mode = "recipe", model_state=None):
         key = jax.random.key(_EVAL_KEY_SEED)
-        with scope_lib.step_scope(key, mode=mode):
+        with (_traced_under(mesh_rules),
+              scope_lib.step_scope(key, mode=mode,
+                                   weight_gathers=_weight_gathers(mesh_rules, params))):
             out, _ = call_loss(loss_fn, params, batch, has_state=has_state,
                                model_state=model_state, key=keys.model_key(key))
             loss, aux = _split_loss(out, has_aux)
@@ -517,7 +552,8 @@ def make_eval_step(
 
 
 def make_diagnostics_step(
-    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False
+    loss_fn: LossFn, *, has_aux: bool = False, has_state: bool = False,
+    mesh_rules: MeshRules | None = None,
 ) -> Callable[..., tuple[dict[str, jax.Array], dict[str, Any]]]:
     """A jitted forward pass that records per-layer quantization statistics.
 
@@ -526,7 +562,7 @@ def make_diagnostics_step(
     forward-GEMM operands (`fp4jax.diagnostics.tensor_stats`). Layers whose forward
     GEMM is not quantized under ``mode`` are absent, and so are stacked layers (run
     inside ``scan``/``vmap``). Use `fp4jax.diagnostics.flatten` to log them. With
-    ``has_state``, pass ``model_state=``.
+    ``has_state``, pass ``model_state=``; ``mesh_rules`` as for `make_eval_step`.
 
     Example:
       >>> import jax, jax.numpy as jnp, fp4jax
@@ -538,10 +574,14 @@ def make_diagnostics_step(
       ['amax', 'flush_to_zero', 'rel_error', 'saturated_blocks', 'underflow_blocks']
     """
 
+    _check_mesh_rules(mesh_rules)
+
     @functools.partial(jax.jit, static_argnames=("mode",))
     def diag_step(params, batch, mode: Mode = "recipe", model_state=None):
         key = jax.random.key(_EVAL_KEY_SEED)
-        with scope_lib.step_scope(key, mode=mode, diagnostics=True) as scope:
+        with (_traced_under(mesh_rules),
+              scope_lib.step_scope(key, mode=mode, diagnostics=True,
+                                   weight_gathers=_weight_gathers(mesh_rules, params)) as scope):
             out, _ = call_loss(loss_fn, params, batch, has_state=has_state,
                                model_state=model_state, key=keys.model_key(key))
             loss, aux = _split_loss(out, has_aux)

@@ -108,6 +108,34 @@ class FP4Gather:
                                  "over any of these axes; nothing to gather")
 
 
+def holds_whole_blocks(spec: PartitionSpec, shape: tuple[int, ...], contracting: tuple[int, ...],
+                       batch: tuple[int, ...], mesh_shape: Any) -> bool:
+    """Whether each shard of a right operand of ``shape`` sharded as ``spec`` holds whole
+    16-blocks of its contraction (K) and its output features (N), as an `FP4Gather` of
+    it needs (its NVFP4 copies are blocked along K or N, or tiled 16x16).
+
+    K is the product of the ``contracting`` dims, N of the remaining non-``batch`` dims
+    (the canonical form of `fp4jax.dot_general`); each must be a multiple of 16 times
+    the number of devices its dims are split over. ``mesh_shape``: mesh axis -> size.
+
+    Example:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> holds_whole_blocks(P("fsdp", None), (64, 48), (0,), (), {"fsdp": 4})  # 16 rows each
+      True
+      >>> holds_whole_blocks(P(None, "fsdp"), (64, 48), (0,), (), {"fsdp": 4})  # 12 columns
+      False
+    """
+    sizes = dict(mesh_shape)
+    spec = _padded(spec, len(shape))
+    free = tuple(d for d in range(len(shape)) if d not in contracting + batch)
+    for dims in (contracting, free):
+        size = math.prod(shape[d] for d in dims)
+        ways = math.prod(sizes[a] for d in dims for a in mesh_axes(spec[d]))
+        if size % (16 * ways):
+            return False
+    return True
+
+
 def explicit_axes(x: jax.Array) -> bool:
     """Whether ``x``'s sharding (its type's) lives on a mesh with explicit axes."""
     types = getattr(jax.typeof(x).sharding.mesh, "axis_types", ())
@@ -180,6 +208,18 @@ class Gather:
         if self.explicit:
             return jax.sharding.reshard(x, spec)
         return lax.with_sharding_constraint(x, spec)
+
+    def last_dim_as(self, x: jax.Array, dim: int) -> jax.Array:
+        """Auto axes: ``x`` (a canonical GEMM operand or result, ``(B, M, ·)``) with its
+        last dim sharded like dim ``dim`` (1: K, 2: N) of the gathered canonical weight and
+        its other dims left to XLA. A GEMM so pinned uses the whole gathered weight
+        instead of partitioning on the weight's stored sharding, which would slice the
+        decoded weight and gather it again in high precision. Explicit axes: ``x``."""
+        if self.explicit:
+            return x
+        free = PartitionSpec.UNCONSTRAINED
+        return lax.with_sharding_constraint(
+            x, PartitionSpec(*((free,) * (x.ndim - 1)), self.gathered[dim]))
 
     def array(self, x: jax.Array) -> jax.Array:
         """A high-precision operand gathered, in its own dtype."""

@@ -10,7 +10,10 @@ one block, width 32, computing in float32, with both recipes in one model (one
 compilation per layout): the MLP's down projection in NVFP4 (`Recipe.nvfp4()`; row-split
 under tensor parallelism, so its contraction is sharded) and the other block matmuls
 through fp4jax's dot_general with `Recipe.unquantized()`. The mesh layouts use
-`fp4jax.parallel.DEFAULT_RULES`.
+`fp4jax.parallel.DEFAULT_RULES`, with FP4 weight gathers on (`MeshRules.fp4_gather`):
+under ``dp_fsdp`` the down projection's weight (4 x 16 columns per fsdp shard: whole
+16x16 tiles) is gathered as NVFP4 codes and scales; under ``fsdp`` (4 columns per
+shard) it cannot be and XLA gathers it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import sys
 import time
 import traceback
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYOUTS = {
@@ -29,6 +34,7 @@ LAYOUTS = {
     "fsdp": ((8,), ("fsdp",)),
     "tp": ((4,), ("model",)),
     "dp_tp": ((2, 4), ("data", "model")),
+    "dp_fsdp": ((4, 2), ("data", "fsdp")),
 }
 """Mesh shape and axis names of each layout."""
 
@@ -44,8 +50,16 @@ EXPECTED = {
            "lm_head": ((None, "model"), (32, 64)), "norm": ((), (32,))},
 }
 EXPECTED["dp_tp"] = EXPECTED["tp"]
-BATCH = {"dp": "data", "fsdp": "fsdp", "tp": None, "dp_tp": "data"}
-"""The mesh axis the batch is split over."""
+EXPECTED["dp_fsdp"] = {
+    "attn.q": (("fsdp",), (16, 32)), "attn.o": ((None, "fsdp"), (32, 16)),
+    "mlp.down": ((None, "fsdp"), (64, 16)), "embed": ((None, "fsdp"), (256, 16)),
+    "lm_head": (("fsdp",), (16, 256)), "norm": ((), (32,))}
+BATCH = {"dp": "data", "fsdp": "fsdp", "tp": None, "dp_tp": "data", "dp_fsdp": ("data", "fsdp")}
+"""The mesh axes the batch is split over."""
+FP4_GATHERED = {"dp": set(), "fsdp": set(), "tp": set(), "dp_tp": set(),
+                "dp_fsdp": {"blocks.0.mlp.down"}}
+"""The layers whose weight each layout all-gathers as NVFP4 codes and scales."""
+FLOATS = ("f32", "bf16", "f16", "f64")
 
 STEPS = 3
 LR = 1e-2
@@ -56,16 +70,48 @@ PARAM_ATOL = 2e-6
 """Parameters vs the 1-device run."""
 
 
+ITEMSIZE = {"u8": 1, "s8": 1, "pred": 1, "bf16": 2, "f16": 2, "u16": 2, "f32": 4, "s32": 4,
+            "u32": 4, "f64": 8}
+
+
+def all_gathers(hlo: str) -> list[dict]:
+    """Every all-gather of a compiled HLO module: result dtype, element count, operand
+    bytes (per device: what each device sends) and the op_name it came from."""
+    shapes = {m.group(1): (m.group(2), m.group(3))
+              for m in re.finditer(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]", hlo)}
+    out = []
+    for m in re.finditer(r"%[\w.\-]+ = (\w+)\[([\d,]*)\]\S* all-gather(?:-start)?\(([^)]*)\)"
+                         r"[^\n]*", hlo):
+        dtype, dims, operands = m.groups()
+        op_bytes = 0
+        for name in operands.split(","):
+            odtype, odims = shapes[name.strip().lstrip("%")]
+            op_bytes += ITEMSIZE[odtype] * int(np.prod([int(d) for d in odims.split(",") if d]))
+        op_name = re.search(r'op_name="([^"]*)"', m.group(0))
+        out.append({"dtype": dtype, "itemsize": ITEMSIZE[dtype], "bytes": op_bytes,
+                    "elements": int(np.prod([int(d) for d in dims.split(",") if d])),
+                    "op_name": op_name.group(1).replace("\\'", "'") if op_name else ""})
+    assert len(out) == len(re.findall(r" all-gather(?:-start)?\(", hlo)), "unparsed all-gathers"
+    return out
+
+
+def layer_gathers(hlo: str) -> list[dict]:
+    """The all-gathers of the NVFP4 down projection: inside its `fp4jax.dot_general` (the
+    only NVFP4 layer of the model) or of its weight parameter itself."""
+    return [g for g in all_gathers(hlo)
+            if "_dot_general" in g["op_name"] or "['down']" in g["op_name"]]
+
+
 def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many checks
     sys.path.insert(0, os.path.join(REPO, "examples"))
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import optax
     from flax import nnx
     from llama import Llama, LlamaConfig, loss_and_metrics
 
     import fp4jax
+    from fp4jax import implementation
     from fp4jax.checkpoint import Checkpointer, leaves
     from fp4jax.parallel import MeshRules
     from fp4jax.train import TrainStep, init_state, nnx_loss_fn, state_shardings
@@ -101,15 +147,21 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         assert len(report.high_precision) == 7, report  # 6 unquantized + the head
         return nnx_loss_fn(model, loss_and_metrics)
 
-    def run(layout):
+    def run(layout, fp4_gather=True):
         loss_fn, params = build()
         rules = None
         if layout is not None:
             shape, names = LAYOUTS[layout]
             mesh = jax.make_mesh(shape, names, devices=jax.devices()[:int(np.prod(shape))])
-            rules = MeshRules(mesh=mesh)
+            rules = MeshRules(mesh=mesh, fp4_gather=fp4_gather)
         state = init_state(params, opt, 0, mesh_rules=rules)
-        step = TrainStep(loss_fn, opt, has_aux=True, max_grad_norm=1.0, donate=True,
+        kernel_reasons = []
+
+        def traced_loss_fn(p, b):  # what impl="auto" sees while the step is traced
+            kernel_reasons.append(implementation.mesh_reason())
+            return loss_fn(p, b)
+
+        step = TrainStep(traced_loss_fn, opt, has_aux=True, max_grad_norm=1.0, donate=True,
                          mesh_rules=rules)
         losses, first_state = [], state
         for i, b in enumerate(batches):
@@ -122,7 +174,7 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         if rules is not None:
             assert metrics_sharding.is_fully_replicated, metrics_sharding
         return {"state": state, "losses": losses, "step": step, "params0": params,
-                "rules": rules}
+                "rules": rules, "kernel_reasons": kernel_reasons}
 
     def flat(tree):
         return {k: np.asarray(v) for k, v in leaves(tree).items()}
@@ -131,7 +183,8 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         lr = np.max(np.abs(np.array(got["losses"]) - ref["losses"]) / np.array(ref["losses"]))
         a, b = flat(ref["state"].params), flat(got["state"].params)
         pd = max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-        results["diff"][layout] = {"loss_rel": float(lr), "param_abs": pd}
+        results["diff"][layout] = {"loss_rel": float(lr), "param_abs": pd,
+                                   "bitwise": bool(lr == 0 and pd == 0)}
         assert lr <= LOSS_RTOL, f"losses {got['losses']} vs {ref['losses']}"
         assert pd <= PARAM_ATOL, f"params differ by up to {pd}"
 
@@ -163,6 +216,15 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
             assert x.sharding == s
         assert got["rules"].batch_spec == jax.sharding.PartitionSpec(BATCH[layout])
+        # The step was traced under its mesh: impl="auto" would keep the kernels out.
+        assert got["kernel_reasons"] and all(f"{n}-device mesh" in r
+                                             for r in got["kernel_reasons"]), got["kernel_reasons"]
+        assert set(got["step"].fp4_gathered) == FP4_GATHERED[layout], got["step"].fp4_gathered
+
+    def compiled_hlo(got):
+        """The compiled step (from the jit cache) as text."""
+        jitted = got["step"].jitted._entry(got["state"])[1]  # noqa: SLF001
+        return jitted.lower(got["state"], batches[0], "recipe").compile().as_text()
 
     t = time.perf_counter()
     def check_collectives(layout, got):
@@ -170,20 +232,20 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
         parallel all-reduces the gradients and gathers nothing; FSDP all-gathers the
         weights (at least one gather per sharded weight matrix); tensor parallel
         all-reduces (the row-split projections' outputs) and gathers no weight."""
-        jitted = got["step"].jitted._entry(got["state"])[1]  # noqa: SLF001
-        hlo = jitted.lower(got["state"], batches[0], "recipe").compile().as_text()
+        hlo = compiled_hlo(got)
         count = {op: len(re.findall(rf" {op}(-start)?\(", hlo))
                  for op in ("all-gather", "all-reduce")}
         results["collectives"] = {**results.get("collectives", {}), layout: count}
         if layout == "dp":
             assert count["all-gather"] == 0 and count["all-reduce"] >= 1, count
-        elif layout == "fsdp":
+        elif layout in ("fsdp", "dp_fsdp"):
             assert count["all-gather"] >= 9, count  # q, k, v, o, gate, up, down, embed, head
         else:
             assert count["all-reduce"] >= 2, count
 
     runs = {None: run(None)}
     results["seconds"]["1 device"] = round(time.perf_counter() - t, 2)
+    assert runs[None]["kernel_reasons"] == [None], runs[None]["kernel_reasons"]
     for layout in LAYOUTS:
         def one(layout=layout):
             got = runs[layout] = run(layout)
@@ -192,23 +254,55 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
             check_collectives(layout, got)
         check(layout, one)
 
+    def fp4_gather():
+        """dp_fsdp with FP4 gathers vs the plain FSDP step (XLA gathers, fp4_gather=False)
+        on the same mesh: the same losses and parameters; the compiled FP4 step
+        all-gathers the down projection's weight only as uint8 codes and scales (no
+        float copy of it, and no float gather inside its NVFP4 GEMMs), and its bytes
+        gathered per step are >= 3x fewer than the plain step's in BF16."""
+        plain, fp4 = run("dp_fsdp", fp4_gather=False), runs["dp_fsdp"]
+        assert not plain["step"].fp4_gathered
+        compare("dp_fsdp fp4 vs plain", plain, fp4)
+        down = {"fp4": layer_gathers(compiled_hlo(fp4)),
+                "plain": layer_gathers(compiled_hlo(plain))}
+        assert down["fp4"] and all(g["dtype"] == "u8" for g in down["fp4"]), down["fp4"]
+        # One gather of the codes (64x32 / 2 bytes) and one of the tile scales (4x2).
+        assert sorted(g["elements"] for g in down["fp4"]) == [8, 1024], down["fp4"]
+        assert any(g["dtype"] in FLOATS for g in down["plain"]), down["plain"]
+        fp4_bytes = sum(g["bytes"] for g in down["fp4"])
+        plain_bytes = sum(g["bytes"] for g in down["plain"])
+        # XLA:CPU gathers float32 here (the model computes in float32); a BF16 model
+        # on a GPU moves 2 bytes per element.
+        plain_bf16 = sum(g["bytes"] * 2 // g["itemsize"] for g in down["plain"]
+                         if g["dtype"] in FLOATS)
+        results["gathered_bytes"] = {
+            "fp4": fp4_bytes, "plain_as_compiled": plain_bytes, "plain_as_bf16": plain_bf16,
+            "ratio_vs_bf16": plain_bf16 / fp4_bytes, "gathers": down}
+        assert plain_bf16 >= 3 * fp4_bytes, results["gathered_bytes"]
+
+    check("fp4 gather", fp4_gather)
+
     def linen():
-        """A linen model annotated with nn.with_logical_partitioning (boxed parameters)
-        trains on fsdp=2 x model=4 like on one device, sharded as annotated."""
+        """A linen model annotated with nn.with_logical_partitioning (boxed parameters),
+        its first Dense NVFP4 (dot_general_cls), trains on fsdp=2 x model=4 like on one
+        device, sharded as annotated, with the NVFP4 kernel all-gathered over fsdp as
+        codes and scales only (the model axis stays sharded: 16x16 per device)."""
         import flax.linen as nn
 
-        def dense(features, names):
+        def dense(features, names, nvfp4=False):
             kernel_init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
-            return nn.Dense(features, use_bias=False, kernel_init=kernel_init)
+            return nn.Dense(features, use_bias=False, kernel_init=kernel_init,
+                            dot_general_cls=fp4jax.flax.linen.dot_general_cls() if nvfp4
+                            else None)
 
         class MLP(nn.Module):
             @nn.compact
             def __call__(self, x):
-                h = nn.relu(dense(64, ("embed", "mlp"))(x))  # Dense_0
+                h = nn.relu(dense(64, ("embed", "mlp"), nvfp4=True)(x))  # Dense_0
                 return dense(32, ("mlp", "embed"))(h)
 
         model = MLP()
-        x = jax.random.normal(jax.random.key(1), (8, 32))
+        x = jax.random.normal(jax.random.key(1), (32, 32))  # whole 16-token blocks per shard
         y = jnp.cos(x)
         params = model.init(jax.random.key(0), x)["params"]
         assert isinstance(params["Dense_0"]["kernel"], nn.LogicallyPartitioned)
@@ -223,6 +317,13 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
             for i in range(2):
                 state, m = step(state, (x, y), step=i)
             out.append((float(m["loss"]), flat(state.params)))
+        assert set(step.fp4_gathered) == {"Dense_0"}, step.fp4_gathered
+        jitted = step.jitted._entry(state)[1]  # noqa: SLF001
+        gathers = [g for g in all_gathers(jitted.lower(state, (x, y), "recipe").compile()
+                                          .as_text()) if "_dot_general" in g["op_name"]]
+        # The codes (32x64 / 2, over 4 model shards) and tile scales (2x4 / 4) of Dense_0.
+        assert sorted((g["dtype"], g["elements"]) for g in gathers) == \
+            [("u8", 2), ("u8", 256)], gathers
         kernel = state.params["Dense_0"]["kernel"].unbox()
         assert tuple(kernel.sharding.spec) == ("fsdp", "model"), kernel.sharding
         assert kernel.addressable_shards[0].data.shape == (16, 16), kernel.sharding
@@ -330,7 +431,9 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
     # ------------------------------------------------------------------ the example
 
     def example():
-        """examples/train_llama.py --mesh data=2,fsdp=2,model=2 trains two steps."""
+        """examples/train_llama.py --mesh data=2,fsdp=2,model=2 trains two steps, its
+        NVFP4 down projection (the other block matmuls kept BF16) gathering its weight
+        in NVFP4 over fsdp."""
         import train_llama
 
         src = os.path.join(tmp, "corpus")
@@ -341,11 +444,13 @@ def main(out_path: str, tmp: str) -> None:  # noqa: PLR0915 - one script, many c
             with open(os.path.join(src, f"p{i % 3}", f"m{i}.py"), "w") as f:
                 f.write(f"# {i}\n{text}\n")
         summary = train_llama.main([
-            "--mesh", "data=2,fsdp=2,model=2", "--recipe", "bf16", "--steps", "2",
+            "--mesh", "data=2,fsdp=2,model=2", "--recipe", "nvfp4", "--steps", "2",
+            "--keep", r".*\.attn\..*", "--keep", r".*\.mlp\.(gate|up)",
             "--dim", "32", "--layers", "1", "--heads", "4", "--batch", "8", "--seq", "16",
             "--eval-batches", "1", "--log-every", "1", "--data", src])
         assert summary["steps"] == 2 and np.isfinite(summary["final_val_bpb"]), summary
         assert summary["run_config"]["mesh"] == "data=2,fsdp=2,model=2"
+        assert summary["fp4_gathered"] == ["blocks.0.mlp.down"], summary["fp4_gathered"]
         x = summary["final_state"].params["blocks"][0]["mlp"]["up"]["kernel"].get_value()
         assert tuple(x.sharding.spec) == ("fsdp", "model"), x.sharding
         assert x.addressable_shards[0].data.shape == (16, 64), x.sharding  # (32, 128) whole

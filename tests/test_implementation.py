@@ -123,3 +123,54 @@ def test_rowwise_columnwise_kernel_matches_xla_bitwise(rounding):
         np.testing.assert_array_equal(np.asarray(a.scales.view(jnp.uint8)),
                                       np.asarray(b.scales.view(jnp.uint8)))
         assert float(a.amax) == float(b.amax)
+
+
+def _mesh(*sizes, types=None):
+    names = tuple("abcd"[:len(sizes)])
+    types = types or (jax.sharding.AxisType.Auto,) * len(sizes)
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(sizes, names, axis_types=types))
+
+
+def test_mesh_reason_counts_the_devices_of_the_mesh_in_context():
+    """The kernels run on one device's operands: mesh_reason names a context mesh of more
+    than one device (its manual axes, inside shard_map, not counted) and is None with no
+    mesh, a single-device mesh or only manual axes."""
+    manual, auto = jax.sharding.AxisType.Manual, jax.sharding.AxisType.Auto
+    assert implementation.mesh_reason(jnp.ones(3)) is None
+    with _mesh(2, 4):
+        assert implementation.mesh_reason() == (
+            "operands may be sharded over a 8-device mesh; the kernels run on one device's "
+            "operands")
+    with _mesh(4, 2, types=(manual, auto)):
+        assert "a 2-device mesh" in implementation.mesh_reason()
+    for sizes, types in (((1,), None), ((1, 1), None), ((4,), (manual,))):
+        with _mesh(*sizes, types=types):
+            assert implementation.mesh_reason() is None, sizes
+
+
+def test_auto_keeps_the_kernels_off_a_multi_device_mesh(monkeypatch):
+    """On sm_90 impl='auto' traces the quantize kernel with no mesh and on a one-device
+    mesh, the XLA path on a 4-device mesh; impl='pallas' there raises the mesh reason
+    (quantize, the two-output quantize, the GEMM)."""
+    monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))
+    x = jnp.ones((64, 128), jnp.bfloat16)
+
+    def uses_kernel():  # the Mosaic GPU kernels trace (not lower) on a CPU
+        jaxpr = str(jax.make_jaxpr(lambda x: fp4jax.quantize(x, impl="auto"))(x))
+        return "pallas_call" in jaxpr or "mpmd_map" in jaxpr
+
+    assert uses_kernel()
+    with _mesh(1):
+        assert uses_kernel()
+    qa, qb = fp4jax.quantize(x), fp4jax.quantize(x.T, axis=0)
+    with _mesh(4):
+        assert not uses_kernel()
+        calls = {
+            "quantize": lambda: fp4jax.quantize(x, impl="pallas"),
+            "two-output": lambda: implementation.quantize_rowwise_columnwise(x, impl="pallas"),
+            "gemm": lambda: implementation.matmul(qa, qb, impl="pallas"),
+        }
+        for what, call in calls.items():
+            with pytest.raises(ValueError, match="sharded over a 4-device mesh"):
+                jax.eval_shape(call)
+                pytest.fail(what)

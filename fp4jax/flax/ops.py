@@ -9,6 +9,9 @@ diagnostics flag, then calls `fp4jax.dot_general`.
 Outside a step scope there is no key: the forward GEMM rounds to nearest and needs
 none, and `fp4jax.dot_general` raises only if a backward pass that rounds
 stochastically runs.
+
+An op without its own ``rhs_gather`` takes the scope's (`fp4jax.flax.Scope.rhs_gather`):
+under FSDP, `fp4jax.train` has every layer gather its sharded weight in NVFP4.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class DotGeneral:
       recipe: the layer's `Recipe` (the schedule's mode is applied on top).
       impl: GEMM implementation passed to `fp4jax.dot_general`.
       rhs_gather: an `fp4jax.FP4Gather` for a kernel sharded FSDP-style: gather it in
-        NVFP4 over those mesh axes (docs/SHARDING.md).
+        NVFP4 over those mesh axes (docs/SHARDING.md). None: the step scope's, if any.
 
     Example:
       >>> import jax, jax.numpy as jnp, fp4jax
@@ -104,6 +107,13 @@ class DotGeneral:
         index, traced: `fp4jax.flax.nnx.StackedDotGeneral`, `fp4jax.flax.linen`)."""
         scope = scope_lib.current_scope()
         recipe = scope_lib.apply_mode(self.recipe, scope.mode) if scope else self.recipe
+        rhs_gather = self.rhs_gather
+        if (rhs_gather is None and scope is not None and scope.weight_gathers
+                and (recipe.fprop_rhs.quantized or recipe.dgrad_rhs.quantized)):
+            # A weight the recipe leaves in high precision is left to XLA to gather.
+            rhs_gather = scope.rhs_gather(self.name, jax.numpy.shape(rhs), dimension_numbers)
+            if rhs_gather is not None:
+                scope.fp4_gathered[self.name] = rhs_gather
         key = None
         if scope is not None and not recipe.is_bf16:
             call_id = scope.next_call(self.name)
@@ -118,7 +128,7 @@ class DotGeneral:
             return fp4_dot_general(
                 lhs, rhs, dimension_numbers, precision, preferred_element_type,
                 out_sharding=out_sharding, recipe=recipe, key=key, impl=self.impl,
-                rhs_gather=self.rhs_gather,
+                rhs_gather=rhs_gather,
             )
         except ValueError as e:
             if key is None and recipe.needs_key:

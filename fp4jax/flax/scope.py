@@ -24,6 +24,10 @@ the next. `fp4jax.train` opens it for you.
 Outside a scope a layer has no key: its forward pass (which rounds to nearest) works,
 and only a backward pass that rounds stochastically raises.
 
+Under FSDP the scope also says which weights to gather in NVFP4 (``weight_gathers``,
+filled by `fp4jax.train` from `fp4jax.parallel.MeshRules.fp4_gathers`): a layer without
+its own ``rhs_gather`` asks `Scope.rhs_gather` for the `fp4jax.FP4Gather` of its weight.
+
 Rule: open the scope **inside** the jitted function, so the key is a traced value.
 A scope opened outside a ``jit`` around a jitted model would bake the key into the
 compiled program as a constant.
@@ -34,13 +38,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
 import jax
+from jax.sharding import PartitionSpec
 
-from fp4jax import keys
+from fp4jax import keys, weight_gather
 from fp4jax.recipe import Recipe
+from fp4jax.weight_gather import FP4Gather
+
+WeightGathers = Mapping[str, tuple[tuple[int, ...], FP4Gather]]
+"""``{parameter path: (its shape, its FP4Gather)}`` (`fp4jax.parallel.MeshRules.fp4_gathers`)."""
 
 Mode = Literal["recipe", "bf16_forward", "bf16_backward", "bf16"]
 """How the precision schedule modifies every layer's recipe:
@@ -104,12 +113,17 @@ class Scope:
       diagnostics: whether layers record quantization statistics (`fp4jax.diagnostics`).
       stats: per-layer statistics recorded while ``diagnostics`` is on, keyed by
         layer name (``name#i`` for the ``i``-th repeated call).
+      weight_gathers: the FSDP-sharded parameters to gather in NVFP4 (`WeightGathers`).
+      fp4_gathered: the layers that gathered NVFP4 copies of their weight, by name
+        (recorded by the layers).
     """
 
     key: jax.Array | None
     mode: Mode = "recipe"
     diagnostics: bool = False
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    weight_gathers: WeightGathers = dataclasses.field(default_factory=dict)
+    fp4_gathered: dict[str, FP4Gather] = dataclasses.field(default_factory=dict)
     _calls: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
 
     def next_call(self, name: str) -> str:
@@ -128,6 +142,37 @@ class Scope:
         k = jax.random.fold_in(k, int(i)) if i else k
         return k if salt is None else jax.random.fold_in(k, salt)
 
+    def rhs_gather(self, name: str, rhs_shape: tuple[int, ...],
+                   dimension_numbers: Any) -> FP4Gather | None:
+        """The `fp4jax.FP4Gather` for layer ``name``'s right operand (its weight), or None.
+
+        The weight is parameter ``name + ".kernel"`` (Flax's matmul layers) or ``name``
+        of `weight_gathers`, of shape ``rhs_shape`` (a stacked layer's parameter has
+        extra leading axes, unsharded, which its scan/vmap slices off). None when there
+        is no such parameter, its shape differs (the layer reshaped it), or a shard
+        would not hold whole 16-blocks (`fp4jax.weight_gather.holds_whole_blocks`): XLA
+        then gathers the weight itself.
+        """
+        entry = self.weight_gathers.get(f"{name}.kernel") or self.weight_gathers.get(name)
+        if entry is None:
+            return None
+        shape, gather = entry
+        lead = len(shape) - len(rhs_shape)
+        if lead < 0 or tuple(shape[lead:]) != tuple(rhs_shape) or any(gather.spec[:lead]):
+            return None
+        spec = PartitionSpec(*gather.spec[lead:])
+        mesh = jax.sharding.get_abstract_mesh()
+        used = {a for e in spec for a in weight_gather.mesh_axes(e)}
+        if mesh.empty or not used <= set(mesh.axis_names) or not used & set(gather.axes):
+            return None
+        ndim = len(rhs_shape)
+        (_, contracting), (_, batch) = ((tuple(d % ndim for d in dims) for dims in pair)
+                                        for pair in dimension_numbers)
+        if not weight_gather.holds_whole_blocks(spec, tuple(rhs_shape), contracting, batch,
+                                                mesh.shape):
+            return None
+        return FP4Gather(axes=gather.axes, spec=spec)
+
 
 _CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
     "fp4jax_step_scope", default=None
@@ -136,7 +181,8 @@ _CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def step_scope(
-    key: jax.Array | None, *, mode: Mode = "recipe", diagnostics: bool = False
+    key: jax.Array | None, *, mode: Mode = "recipe", diagnostics: bool = False,
+    weight_gathers: WeightGathers | None = None,
 ) -> Iterator[Scope]:
     """Opens the scope in which fp4jax layers find their SR keys and precision mode.
 
@@ -146,6 +192,9 @@ def step_scope(
         recipes without stochastic rounding.
       mode: a `Mode` applied to every layer's recipe (the precision schedule).
       diagnostics: record per-layer quantization statistics into ``Scope.stats``.
+      weight_gathers: FSDP-sharded parameters whose layers gather them in NVFP4
+        (`WeightGathers`; `fp4jax.train` passes them under a mesh). Trace under that
+        mesh (``jax.sharding.use_abstract_mesh``).
 
     Yields:
       The open `Scope`.
@@ -162,7 +211,8 @@ def step_scope(
       >>> f(x, w, jax.random.key(0)).shape
       (4, 16)
     """
-    scope = Scope(key=_check_key(key), mode=check_mode(mode), diagnostics=bool(diagnostics))
+    scope = Scope(key=_check_key(key), mode=check_mode(mode), diagnostics=bool(diagnostics),
+                  weight_gathers=dict(weight_gathers or {}))
     token = _CURRENT.set(scope)
     try:
         yield scope
