@@ -211,10 +211,11 @@ class HybridConfig:
         ``attention`` (score and value products of the attention layers, full — not
         causal-halved) and ``scan`` (the SSD's float32 products per Mamba layer: within
         a chunk ``C·Bᵀ`` and its product with ``x``, 2·chunk·(state + inner); the chunk
-        states and their outputs, 2·2·state·inner; the cross-chunk pass is negligible).
+        states and their outputs, 2·2·state·inner; the cross-chunk pass is negligible;
+        a sequence shorter than a chunk is padded to one, hence the ratio).
         """
         c = self.param_counts()
-        q = min(self.chunk, seq)
+        q = self.chunk * math.ceil(seq / self.chunk) * self.chunk / seq
         scan = 2 * q * (self.state + self.d_inner) + 4 * self.state * self.d_inner
         return {
             "block_matmuls": 6.0 * c["block_matmuls"],
