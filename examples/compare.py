@@ -2,8 +2,10 @@
 
     python examples/compare.py --out /tmp/study                # defaults: ~26M-param Llama
     python examples/compare.py --recipes bf16,nvfp4,nvfp4_tail  # + BF16 forward at the end
+    python examples/compare.py --model hybrid --layers 8 --keep-last 2  # Mamba-2 hybrid
 
-Every recipe trains the same `llama.Llama` from the same initialization on the same
+Every recipe trains the same model (`llama.Llama`, or with ``--model hybrid`` the
+Mamba-Transformer `hybrid.Hybrid`) from the same initialization on the same
 batches (`data.Batches`, seed ``--seed``) with the same learning-rate schedule. To
 fit a wall-clock budget (``--time-budget-s``, everything after start-up: data,
 compilation, training, evaluation), each recipe's step is first compiled and timed
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data as data_lib  # noqa: E402
 import jax  # noqa: E402
 import train_llama as tl  # noqa: E402
-from llama import LlamaConfig  # noqa: E402
+from hybrid import HybridConfig  # noqa: E402
 
 RECIPE_SPECS = {
     "bf16": dict(recipe="bf16"),
@@ -81,7 +83,7 @@ def _run_config(base: tl.RunConfig, name: str, study: StudyConfig) -> tl.RunConf
 
 
 def run_study(
-    model_cfg: LlamaConfig,
+    model_cfg: tl.ModelConfig,
     base: tl.RunConfig,
     study: StudyConfig,
     corpus: data_lib.Corpus,
@@ -158,13 +160,13 @@ SEED_NOISE_NOTE = (
 )
 
 
-def baseline_label(model_cfg: LlamaConfig) -> str:
+def baseline_label(model_cfg: tl.ModelConfig) -> str:
     """What the unquantized ``bf16`` recipe computes in: ``bf16``, or ``float32`` where
     the model computes in float32 (the CPU default)."""
     return "bf16" if model_cfg.dtype == "bfloat16" else model_cfg.dtype
 
 
-def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) -> str:
+def table(result: dict[str, Any], model_cfg: tl.ModelConfig, base: tl.RunConfig) -> str:
     """The comparison as text: one row per recipe, then the gaps to the unquantized
     baseline (labelled by its compute dtype: float32 on a CPU)."""
     runs = result["runs"]
@@ -173,16 +175,19 @@ def table(result: dict[str, Any], model_cfg: LlamaConfig, base: tl.RunConfig) ->
     pc = model_cfg.param_counts()
     fl = model_cfg.train_flops_per_token(base.seq)
     any_q = next((r for r in runs.values() if r["quantized_layers"]), None)
+    ssm = (f", {pc['ssm'] / 1e3:.1f}K Mamba conv/A/D/dt (float32)"
+           if isinstance(model_cfg, HybridConfig) else "")
+    scan = (f", Mamba-2 scan (float32) {fl['scan'] / sum(fl.values()):.0%}"
+            if isinstance(model_cfg, HybridConfig) else "")
     lines = [
-        f"Llama dim={model_cfg.dim} layers={model_cfg.layers} heads={model_cfg.heads} "
-        f"hidden={model_cfg.hidden}, seq {base.seq}, batch {base.batch}, compute "
+        f"{tl.describe_model(model_cfg)}, seq {base.seq}, batch {base.batch}, compute "
         f"{model_cfg.dtype}, {result['backend']} ({result['device']})",
         f"params {pc['total'] / 1e6:.2f}M: {pc['block_matmuls'] / 1e6:.2f}M in block matmuls "
         f"(NVFP4 in quantized runs), {(pc['embedding'] + pc['head']) / 1e6:.2f}M embedding+head "
-        f"and {pc['norms'] / 1e3:.1f}K norm ({hp})",
+        f"and {pc['norms'] / 1e3:.1f}K norm ({hp}){ssm}",
         f"training FLOPs/token {sum(fl.values()) / 1e6:.1f}M: block matmuls "
         f"{fl['block_matmuls'] / sum(fl.values()):.0%}, head {fl['head'] / sum(fl.values()):.0%}, "
-        f"attention products {fl['attention'] / sum(fl.values()):.0%}",
+        f"attention products {fl['attention'] / sum(fl.values()):.0%}{scan}",
     ]
     if any_q:
         lines.append(f"quantized layers: {any_q['quantized_layers']} of {any_q['matmul_layers']} "
@@ -251,7 +256,7 @@ def settings_line(a: argparse.Namespace) -> str:
     """The settings a run actually uses (preset and flags combined), on one line."""
     budget = f"{a.time_budget_s:.0f}s" if a.time_budget_s else "none"
     return (
-        f"settings: recipes {a.recipes}; Llama dim={a.dim} layers={a.layers} heads={a.heads}, "
+        f"settings: recipes {a.recipes}; {tl.describe_model(tl.model_config(a))}, "
         f"batch {a.batch} x seq {a.seq}, steps {a.steps} (time budget {budget}), lr {a.lr:g}, "
         f"evals {a.evals} x {a.eval_batches} batches, seed {a.seed}, compute "
         f"{tl.compute_dtype(a.dtype)}"
@@ -268,8 +273,7 @@ def main(
     corpus = data_lib.load_corpus([a.data] if a.data else None,
                                   suffix=None if a.data else ".py")
     print(corpus.describe(), flush=True)
-    model_cfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads,
-                            dtype=tl.compute_dtype(a.dtype))
+    model_cfg = tl.model_config(a)
     base = tl.RunConfig(batch=a.batch, seq=a.seq, lr=a.lr, seed=a.seed,
                         keep_first=a.keep_first, keep_last=a.keep_last,
                         keep_patterns=tuple(a.keep), eval_batches=a.eval_batches,

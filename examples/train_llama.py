@@ -3,6 +3,13 @@
     python examples/train_llama.py --recipe nvfp4 --steps 300 --out /tmp/run
     python examples/train_llama.py --mesh data=2,fsdp=2,model=2   # 8 devices
     python examples/train_llama.py --mesh fsdp=2 --no-fp4-gather  # BF16 weight gathers
+    python examples/train_llama.py --model hybrid --attn-every 4 --state 64 --keep-last 2
+
+``--model hybrid`` trains the hybrid Mamba-Transformer of ``hybrid.py`` instead
+(``--layers`` sequence mixers, one attention mixer per ``--attn-every``, each mixer
+followed by an MLP block unless ``--no-mlp``); everything else — data, policy,
+training loop, metrics — is shared. ``--keep-first/--keep-last`` count its blocks in
+order, whatever their type (`hybrid.HybridConfig.pattern`).
 
 The model is plain nnx; NVFP4 comes from `fp4jax.flax.nnx.quantize` with
 `fp4jax.flax.paper_policy` (embedding, output head, norms and attention products
@@ -50,6 +57,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
+from hybrid import Hybrid, HybridConfig  # noqa: E402
 from llama import Llama, LlamaConfig, loss_and_metrics  # noqa: E402
 
 import fp4jax  # noqa: E402
@@ -115,6 +123,51 @@ def make_mesh_rules(spec: str, devices: list | None = None, *,
     return MeshRules(mesh=mesh, fp4_gather=fp4_gather)
 
 
+ModelConfig = LlamaConfig | HybridConfig
+"""The model sizes `Trainer` takes: the model is chosen by the config's type."""
+
+MODELS = {"llama": Llama, "hybrid": Hybrid}
+"""``--model`` choices."""
+
+
+def build_model(model_cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """The `llama.Llama` or `hybrid.Hybrid` of a config (both take `loss_and_metrics`)."""
+    if isinstance(model_cfg, HybridConfig):
+        return Hybrid(model_cfg, rngs=rngs)
+    if isinstance(model_cfg, LlamaConfig):
+        return Llama(model_cfg, rngs=rngs)
+    raise TypeError(f"model_cfg must be a LlamaConfig or HybridConfig, got "
+                    f"{type(model_cfg).__name__}")
+
+
+def num_blocks(model_cfg: ModelConfig) -> int:
+    """Residual blocks in order, whatever their type (what ``keep_first/keep_last`` count)."""
+    return model_cfg.num_blocks if isinstance(model_cfg, HybridConfig) else model_cfg.layers
+
+
+def model_name(model_cfg: ModelConfig) -> str:
+    """The ``--model`` name of a config."""
+    return "hybrid" if isinstance(model_cfg, HybridConfig) else "llama"
+
+
+def describe_model(model_cfg: ModelConfig) -> str:
+    """The model's sizes on one line.
+
+    Example:
+      >>> describe_model(LlamaConfig(dim=64, layers=2, heads=2))
+      'Llama dim=64 layers=2 heads=2 hidden=192'
+      >>> describe_model(HybridConfig(dim=64, layers=2, attn_every=2))  # doctest: +ELLIPSIS
+      'Hybrid M-*- (1 Mamba-2, 1 attention, 2 MLP blocks) dim=64 heads=4 hidden=192 state=64 ...'
+    """
+    c = model_cfg
+    if isinstance(c, HybridConfig):
+        p = c.pattern
+        return (f"Hybrid {p} ({p.count('M')} Mamba-2, {p.count('*')} attention, "
+                f"{p.count('-')} MLP blocks) dim={c.dim} heads={c.heads} hidden={c.hidden} "
+                f"state={c.state} ssm_heads={c.ssm_heads}x{c.ssm_head_dim} chunk={c.chunk}")
+    return f"Llama dim={c.dim} layers={c.layers} heads={c.heads} hidden={c.hidden}"
+
+
 RECIPES = {
     "bf16": None,  # the plain, unconverted model
     "nvfp4": fp4jax.Recipe.nvfp4,
@@ -126,7 +179,7 @@ RECIPES = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    r"""Training settings (the model size is a `LlamaConfig`).
+    r"""Training settings (the model size is a `LlamaConfig` or `HybridConfig`).
 
     Attributes:
       recipe: a key of `RECIPES`.
@@ -139,7 +192,7 @@ class RunConfig:
       weight_decay: AdamW decoupled weight decay.
       max_grad_norm: gradient clipping.
       seed: model init, data order and SR run key.
-      keep_first: leading blocks kept in BF16.
+      keep_first: leading blocks kept in BF16 (`num_blocks` counts them).
       keep_last: trailing blocks kept in BF16.
       keep_patterns: more module-path regexes kept in BF16 (e.g. ``r".*\.attn\..*"``).
       bf16_forward_tail: share of the final steps with BF16 forward GEMMs (RECIPE §8).
@@ -238,23 +291,23 @@ class Trainer:
     """Model, policy and compiled functions of one recipe (reusable across runs).
 
     Args:
-      model_cfg: the model size.
+      model_cfg: the model size (`LlamaConfig` or `HybridConfig`: it picks the model).
       cfg: the run settings.
       total_steps: planned steps (for the precision schedule; the learning-rate
         schedule reads its length from the optimizer state).
     """
 
-    def __init__(self, model_cfg: LlamaConfig, cfg: RunConfig, total_steps: int):
+    def __init__(self, model_cfg: ModelConfig, cfg: RunConfig, total_steps: int):
         self.model_cfg, self.cfg = model_cfg, cfg
         self.mesh_rules = (make_mesh_rules(cfg.mesh, fp4_gather=cfg.fp4_gather) if cfg.mesh
                            else None)
         self.batch_sharding = self.mesh_rules.batch_sharding() if self.mesh_rules else None
-        self.model = Llama(model_cfg, rngs=nnx.Rngs(cfg.seed))
+        self.model = build_model(model_cfg, nnx.Rngs(cfg.seed))
         self.report = None
         recipe_fn = RECIPES[cfg.recipe]
         if recipe_fn is not None:
             policy = fp4jax.flax.paper_policy(
-                num_blocks=model_cfg.layers, first=cfg.keep_first, last=cfg.keep_last,
+                num_blocks=num_blocks(model_cfg), first=cfg.keep_first, last=cfg.keep_last,
                 recipe=recipe_fn(),
                 extra_rules=[fp4jax.flax.Rule(pattern=p, recipe=None) for p in cfg.keep_patterns],
             )
@@ -480,6 +533,7 @@ def train(
         "train_wall_s": t_end - t_start,
         "compilations": trainer.step.num_compiled(),
         "run_config": dataclasses.asdict(cfg),
+        "model": model_name(trainer.model_cfg),
         "model_config": dataclasses.asdict(trainer.model_cfg),
         "params": trainer.model_cfg.param_counts(),
         "train_flops_per_token": trainer.model_cfg.train_flops_per_token(cfg.seq),
@@ -535,10 +589,27 @@ def compute_dtype(name: str) -> str:
 
 def model_args(p: argparse.ArgumentParser, *, dim: int, layers: int, heads: int,
                batch: int, seq: int) -> None:
-    """Shared size flags."""
+    """Shared size flags (the hybrid's own default to `hybrid.HybridConfig`'s)."""
+    p.add_argument("--model", default="llama", choices=sorted(MODELS),
+                   help="llama: the Llama of llama.py; hybrid: the Mamba-2/attention hybrid of "
+                        "hybrid.py")
     p.add_argument("--dim", type=int, default=dim)
-    p.add_argument("--layers", type=int, default=layers)
-    p.add_argument("--heads", type=int, default=heads)
+    p.add_argument("--layers", type=int, default=layers,
+                   help="transformer blocks (hybrid: sequence mixers, each followed by an MLP "
+                        "block unless --no-mlp)")
+    p.add_argument("--heads", type=int, default=heads, help="attention heads")
+    hy = HybridConfig
+    p.add_argument("--attn-every", type=int, default=None,
+                   help=f"hybrid: one attention mixer per this many mixers, 0: none "
+                        f"(default {hy.attn_every})")
+    p.add_argument("--state", type=int, default=None,
+                   help=f"hybrid: Mamba-2 state size per head (default {hy.state})")
+    p.add_argument("--ssm-head-dim", type=int, default=None,
+                   help=f"hybrid: Mamba-2 head width (default {hy.ssm_head_dim})")
+    p.add_argument("--chunk", type=int, default=None,
+                   help=f"hybrid: SSD scan chunk length (default {hy.chunk})")
+    p.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=None,
+                   help="hybrid: an MLP block after every mixer (default: yes)")
     p.add_argument("--batch", type=int, default=batch)
     p.add_argument("--seq", type=int, default=seq)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -561,6 +632,27 @@ def model_args(p: argparse.ArgumentParser, *, dim: int, layers: int, heads: int,
                         "data parallel over data, FSDP over fsdp, tensor parallel over model")
 
 
+HYBRID_FLAGS = {"attn_every": "--attn-every", "state": "--state",
+                "ssm_head_dim": "--ssm-head-dim", "chunk": "--chunk", "mlp": "--mlp/--no-mlp"}
+"""`model_args` flags of the hybrid only (their attribute: their flag)."""
+
+
+def model_config(a: argparse.Namespace) -> ModelConfig:
+    """The `LlamaConfig` or `HybridConfig` of parsed `model_args` flags.
+
+    Raises:
+      ValueError: a hybrid-only flag given with ``--model llama``, or bad sizes.
+    """
+    dtype = compute_dtype(a.dtype)
+    hybrid = {k: getattr(a, k) for k in HYBRID_FLAGS if getattr(a, k, None) is not None}
+    if a.model == "llama":
+        if hybrid:
+            raise ValueError(f"{', '.join(HYBRID_FLAGS[k] for k in hybrid)} only apply to "
+                             "--model hybrid")
+        return LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads, dtype=dtype)
+    return HybridConfig(dim=a.dim, layers=a.layers, heads=a.heads, dtype=dtype, **hybrid)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--recipe", default="nvfp4", choices=sorted(RECIPES))
@@ -577,10 +669,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     if a.mesh:
         make_mesh_rules(a.mesh)  # a bad --mesh fails before the data is loaded
+    mcfg = model_config(a)  # so do bad sizes
     corpus = data_lib.load_corpus([a.data] if a.data else None,
                                   suffix=None if a.data else ".py")
     print(corpus.describe())
-    mcfg = LlamaConfig(dim=a.dim, layers=a.layers, heads=a.heads, dtype=compute_dtype(a.dtype))
+    print(describe_model(mcfg))
     cfg = RunConfig(recipe=a.recipe, batch=a.batch, seq=a.seq, lr=a.lr, seed=a.seed,
                     keep_first=a.keep_first, keep_last=a.keep_last, keep_patterns=tuple(a.keep),
                     bf16_forward_tail=a.bf16_forward_tail, eval_every=a.eval_every,
