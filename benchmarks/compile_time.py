@@ -22,9 +22,9 @@ Cases:
   dtype bfloat16 on GPU, float32 on CPU as compare.py picks it.
 * ``quantize_1d_rne``, ``quantize_2d``, ``quantize_rht_sr``: ``jax.jit(fp4jax.quantize)``
   of a 4096×4096 bfloat16 tensor (1D blocks RNE; 16×16 tiles; columnwise RHT with
-  stochastic rounding), ``impl="xla"``.
+  stochastic rounding), ``impl="xla"`` (``--impl``: another).
 * ``dot_general_fwd_bwd``: ``jax.jit`` of one `fp4jax.dot_general`'s forward and VJP
-  (`Recipe.nvfp4`, (32768, 768) × (768, 2048) bfloat16, ``impl="xla"``).
+  (`Recipe.nvfp4`, (32768, 768) × (768, 2048) bfloat16, ``impl="xla"`` or ``--impl``).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def _step_case(name: str, layers: int | None = None):
     return (lambda s, b: trainer.step.jitted.lower(s, b, mode="recipe")), (state, (tok, tok)), info
 
 
-def _op_case(name: str):
+def _op_case(name: str, impl: str = "xla"):
     """(lower function, args) of one fp4jax operation alone."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
@@ -176,27 +176,29 @@ def _op_case(name: str):
               "quantize_rht_sr": {"axis": 0, "hadamard": True, "rounding": "stochastic"}}[name]
 
         def f(x, key):
-            q = fp4jax.quantize(x, key=key if "rounding" in kw else None, impl="xla", **kw)
+            q = fp4jax.quantize(x, key=key if "rounding" in kw else None, impl=impl, **kw)
             return q.data, q.scales, q.amax
 
-        return jax.jit(f).lower, (x, key), {"shape": "4096x4096 bfloat16", **kw}
+        return jax.jit(f).lower, (x, key), {"shape": "4096x4096 bfloat16", "impl": impl, **kw}
     dn = (((1,), (0,)), ((), ()))
     x = jax.ShapeDtypeStruct((32768, 768), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((768, 2048), jnp.bfloat16)
 
     def g(x, w, ct, key):
-        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, dn, key=key, impl="xla"), x, w)
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, dn, key=key, impl=impl), x, w)
         return y, *vjp(ct)
 
     ct = jax.ShapeDtypeStruct((32768, 2048), jnp.bfloat16)
-    return jax.jit(g).lower, (x, w, ct, key), {"shape": "(32768, 768) x (768, 2048) bfloat16"}
+    return jax.jit(g).lower, (x, w, ct, key), {"shape": "(32768, 768) x (768, 2048) bfloat16",
+                                               "impl": impl}
 
 
-def run_case(name: str, dump: str | None = None, layers: int | None = None) -> dict[str, Any]:
+def run_case(name: str, dump: str | None = None, layers: int | None = None,
+             impl: str = "xla") -> dict[str, Any]:
     """Lowers and compiles one case in this process; returns times and sizes."""
     import jax  # noqa: PLC0415
 
-    lower, args, info = _step_case(name, layers) if name in STEP_CASES else _op_case(name)
+    lower, args, info = _step_case(name, layers) if name in STEP_CASES else _op_case(name, impl)
     t0, c0 = time.perf_counter(), time.process_time()
     lowered = lower(*args)
     t1, c1 = time.perf_counter(), time.process_time()
@@ -257,7 +259,8 @@ def _in_subprocess(name: str, a: argparse.Namespace) -> dict[str, Any]:
         env["TF_CPP_VMODULE"] = "hlo_pass_pipeline=1,cpu_compiler=1,gpu_compiler=1"
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name]
                          + (["--dump", a.dump] if a.dump else [])
-                         + (["--layers", str(a.layers)] if a.layers else []),
+                         + (["--layers", str(a.layers)] if a.layers else [])
+                         + ["--impl", a.impl],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"case {name} failed:\n{out.stderr[-4000:]}")
@@ -279,7 +282,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         ratio = ""
         if base is not None and r["case"].startswith("step"):
             ratio = f"{(r['lower_s'] + r['compile_s']) / (base['lower_s'] + base['compile_s']):.1f}"
-        lines.append(f"| {r['case']} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | "
+        name = r["case"]
+        if not name.startswith("step") and r.get("impl", "xla") != "xla":
+            name += f" ({r['impl']})"
+        lines.append(f"| {name} | {r['lower_s']:.2f} | {r['compile_s']:.2f} | "
                      f"{r['compile_cpu_s']:.2f} | {ratio} | {r['hlo_before_opt']} | "
                      f"{r['hlo_instructions']} | {r['hlo_fusions']} | {r['hlo_whiles']} |")
     return "\n".join(lines)
@@ -295,6 +301,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="run each case this many times (fresh processes); keep the fastest")
     p.add_argument("--layers", type=int, default=None,
                    help="the step cases' model depth (default: compare.py's, 4)")
+    p.add_argument("--impl", default="xla",
+                   help="fp4jax impl of the quantize and dot_general cases (xla, auto, pallas)")
     p.add_argument("--log-passes", action="store_true",
                    help="time XLA's passes from its verbose log (slows compilation down)")
     p.add_argument("--xla-flags", default=None,
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out
     a = p.parse_args(argv)
     if a.one:
-        print(json.dumps(run_case(a.one, a.dump, a.layers)))
+        print(json.dumps(run_case(a.one, a.dump, a.layers, a.impl)))
         return {}
     names = [c for c in a.cases.split(",") if c]
     bad = [c for c in names if c not in CASES]
