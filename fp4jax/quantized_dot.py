@@ -229,13 +229,36 @@ def role_key(key: jax.Array | None, op: Operand, role: str) -> jax.Array | None:
     return None if not op.stochastic else jax.random.fold_in(key, ROLE_IDS[role])
 
 
+def role_keys(key: jax.Array | None, *requests: tuple[Operand, str]
+              ) -> tuple[jax.Array | None, ...]:
+    """`role_key` of several ``(op, role)`` pairs of one call, bit for bit, from one
+    batched ``fold_in``: each ``fold_in`` is a threefry hash that the compiler handles
+    as a unit of its own (a loop on CPU), so a layer's two gradient keys cost one."""
+    need = [i for i, (op, _) in enumerate(requests) if op.stochastic]
+    if len(need) < 2:
+        return tuple(role_key(key, op, role) for op, role in requests)
+    ids = jnp.asarray([ROLE_IDS[requests[i][1]] for i in need], jnp.uint32)
+    derived = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+    out: list[jax.Array | None] = [None] * len(requests)
+    for j, i in enumerate(need):
+        out[i] = derived[j]
+    return tuple(out)
+
+
 def quantize_operand(x: jax.Array, axis: int, op: Operand, key: jax.Array | None, role: str,
-                     recipe: Recipe, impl: Impl = "xla") -> NVFP4Array:
-    """Quantizes one canonical GEMM operand as ``op`` says (padding the axis for the RHT)."""
+                     recipe: Recipe, impl: Impl = "xla", *,
+                     derived_key: jax.Array | None = None) -> NVFP4Array:
+    """Quantizes one canonical GEMM operand as ``op`` says (padding the axis for the RHT).
+
+    ``derived_key``: the operand's own key, already derived (`role_keys`); else it is
+    ``role_key(key, op, role)``.
+    """
     if op.hadamard:  # the rotation needs whole 16-runs
         x = layout.pad_to_block(x, axis)
+    if derived_key is None:
+        derived_key = role_key(key, op, role)
     return implementation.quantize(
-        x, axis=axis, block_2d=op.block_2d, rounding=op.rounding, key=role_key(key, op, role),
+        x, axis=axis, block_2d=op.block_2d, rounding=op.rounding, key=derived_key,
         hadamard=op.hadamard, hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
         impl=impl)
 
@@ -246,15 +269,15 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
     canonical (B, M, X) tensor; one call of `implementation.quantize_rowwise_columnwise`
     (one read with the kernel) when the recipe asks for a 1D rowwise and a Hadamard
     columnwise copy with the same rounding."""
+    row_key, col_key = role_keys(key, (row_op, row_role), (col_op, col_role))
     if (x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard and col_op.hadamard
             and row_op.rounding == col_op.rounding):
         row, col = implementation.quantize_rowwise_columnwise(
-            x[0], rounding=row_op.rounding, row_key=role_key(key, row_op, row_role),
-            col_key=role_key(key, col_op, col_role), hadamard_signs=recipe.hadamard_signs,
-            impl=impl)
+            x[0], rounding=row_op.rounding, row_key=row_key, col_key=col_key,
+            hadamard_signs=recipe.hadamard_signs, impl=impl)
         return row.expand_leading(), col.expand_leading()
-    return (quantize_operand(x, 2, row_op, key, row_role, recipe, impl),
-            quantize_operand(x, 1, col_op, key, col_role, recipe, impl))
+    return (quantize_operand(x, 2, row_op, key, row_role, recipe, impl, derived_key=row_key),
+            quantize_operand(x, 1, col_op, key, col_role, recipe, impl, derived_key=col_key))
 
 
 def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803

@@ -94,18 +94,21 @@ def rht(
     round_to = x.dtype if round_to is None else jnp.dtype(round_to)
     s = jnp.asarray(check_signs(signs), dtype=jnp.float32)
     # The butterfly runs in place along `axis` (no transposes): the axis is split into
-    # (runs, 16) and every stage pairs slices of the 16, whatever lies after the axis.
+    # (runs, 16), and each stage is elementwise on the whole tensor: an element reads its
+    # pair partner p through a reversal of the pair axis and keeps p + (±1)·y, i.e. a + b
+    # for the first of the pair and a - b for the second (the same floats: addition
+    # commutes and p - y is p + (-y)). XLA fuses the four stages, signs and scaling into
+    # one pass; stacking the halves instead makes each stage a pass of its own.
     before, after = x.shape[:axis], x.shape[axis + 1:]
     runs = n // BLOCK
     y = x.astype(jnp.float32).reshape(*before, runs, BLOCK, *after)
     y = y * s.reshape((BLOCK,) + (1,) * len(after))
+    plus_minus = np.array([1.0, -1.0], np.float32).reshape((2, 1) + (1,) * len(after))
     h = 1
     while h < BLOCK:
         # Pairs (i, i + h) within each group of 2h: Sylvester order, H = [[H, H], [H, -H]].
         g = y.reshape(*before, runs, BLOCK // (2 * h), 2, h, *after)
-        a = lax.index_in_dim(g, 0, axis + 2, keepdims=False)
-        b = lax.index_in_dim(g, 1, axis + 2, keepdims=False)
-        y = jnp.stack([a + b, a - b], axis=axis + 2).reshape(*before, runs, BLOCK, *after)
+        y = (lax.rev(g, (axis + 2,)) + g * plus_minus).reshape(*before, runs, BLOCK, *after)
         h *= 2
     y = (y * 0.25).reshape(x.shape)
     return rounding.round_to_dtype(y, round_to)

@@ -15,6 +15,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Rounding = Literal["nearest", "stochastic"]
@@ -57,74 +58,114 @@ def round_to_format(x: jax.Array, mantissa_bits: int, min_normal_exp: int) -> ja
     return lax.round(x * inv_q, lax.RoundingMethod.TO_NEAREST_EVEN) * q
 
 
-def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
+def _unpack_constant(a: float) -> tuple[int, np.uint32]:
+    """`_unpack` of a concrete nonzero float32, at trace time."""
+    bits = int(np.float32(a).view(np.uint32))
+    e = (bits >> 23) & 0xFF
+    m = (bits & 0x7FFFFF) | (0x800000 if e else 0)
+    shift = 24 - m.bit_length()
+    return max(e, 1) - shift, np.uint32(m << shift)
+
+
+def _unpack(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(biased exponent, significand in [2**23, 2**24)) with ``x = m · 2**(e - 150)``
+    for a finite non-negative float32 (subnormals normalized; 0 gives m = 2**23)."""
+    bits = _bits(x)
+    e = bits >> 23
+    f = bits & _U32(0x7FFFFF)
+    m = jnp.maximum(lax.select(e > 0, f | _U32(0x800000), f), _U32(1))
+    shift = lax.clz(m) - _U32(8)  # 0 unless subnormal
+    e = jnp.maximum(e, _U32(1)).astype(jnp.int32) - shift.astype(jnp.int32)
+    return e, m << shift
+
+
+def div_rn(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> jax.Array:
     """Correctly rounded float32 ``a / b`` for ``a >= 0``, ``b >= 0``, computed with integers.
 
     GPU compilers may lower float division to an approximate reciprocal (an ulp off),
     which flips E4M3 scale roundings. This division is exact to the last bit on every
-    backend: significands are divided by 8-bit long division in uint32, then rounded to
+    backend: the significands are divided by long division in uint32, whose digits are
+    estimated in float32 and then corrected exactly, and the quotient is rounded to
     nearest-even (subnormal results and overflow to ``inf`` included). ``b == 0`` gives
     ``inf`` (``a > 0``); ``a == 0`` gives 0. Inputs must be finite and non-negative.
+
+    It computes per-tensor scales, so every quantization and every GEMM runs it a few
+    times, and its size is a large part of a quantized model's program: it is written
+    for the compiler (docs/BENCHMARKS.md, "Compile time"). About 120 operations; a
+    concrete ``a`` (e.g. ``np.float32(1.0)``) is unpacked at trace time. No divide:
+    XLA starts a new fusion at every divide and recomputes the cheap operations upstream
+    of it in each. Two digits: a bit-serial division's long dependency chain makes
+    LLVM's CPU loop vectorizer run for minutes. Callers that feed a scalar result to a
+    pass over a whole tensor put it behind ``lax.optimization_barrier`` (the quantizer,
+    `fp4jax.numerics.scales.output_scale`): XLA would otherwise fuse the division into
+    that pass, i.e. repeat it per element.
 
     Mathematically equivalent to::
 
       np.float32(a) / np.float32(b)
+
+    Example:
+      >>> import numpy as np
+      >>> float(div_rn(np.float32(1.0), np.float32(3.0))) == float(np.float32(1) / np.float32(3))
+      True
     """
-    a = jnp.asarray(a, jnp.float32)
     b = jnp.asarray(b, jnp.float32)
-    a, b = jnp.broadcast_arrays(a, b)
+    concrete_a = np.ndim(a) == 0 and isinstance(a, (int, float, np.ndarray, np.generic))
+    if concrete_a and np.float32(a) != 0:  # e.g. the scales' 2688 and 1
+        ea, ma = _unpack_constant(float(a))
+        shape = b.shape
+    else:
+        concrete_a = False
+        a = jnp.asarray(a, jnp.float32)
+        shape = jnp.broadcast_shapes(a.shape, b.shape)
+        a = jnp.broadcast_to(a, shape)
+        ea, ma = _unpack(a)
+    b = jnp.broadcast_to(b, shape)
+    eb, mb = _unpack(b)
     i32 = jnp.int32
-
-    def unpack(x):
-        bits = _bits(x)
-        e = ((bits >> 23) & 0xFF).astype(i32)
-        m = bits & _U32(0x7FFFFF)
-        # Normalize subnormals so the significand is in [2**23, 2**24).
-        shift = jnp.where(e == 0, lax.clz(jnp.maximum(m, _U32(1))).astype(i32) - 8, 0)
-        m = jnp.where(e == 0, m << shift.astype(_U32), m | _U32(0x800000))
-        return jnp.where(e == 0, 1 - shift, e), m
-
-    ea, ma = unpack(a)
-    eb, mb = unpack(b)
-    mb = jnp.maximum(mb, _U32(1))
-    # Q = floor(ma * 2**25 / mb) by long division: 1 integer bit, then 8 + 8 + 8 + 1 bits.
-    q = ma // mb
-    r = ma - q * mb
-    for width in (8, 8, 8, 1):
-        r = r << width
-        d = r // mb
-        r = r - d * mb
-        q = (q << width) | d
-    sticky = r != 0
-    big = q >= _U32(1 << 25)  # ma / mb in [1, 2)
-    sig = jnp.where(big, q >> 2, q >> 1)  # 24 significant bits
-    rb = jnp.where(big, (q >> 1) & 1, q & 1)
-    sticky = sticky | (big & ((q & 1) != 0))
-    e = ea - eb + 127 - jnp.where(big, 0, 1)  # biased exponent of the result
-
-    # Normal result: round to nearest even.
-    up = (rb == 1) & (sticky | ((sig & 1) == 1))
-    sig_n = sig + up.astype(_U32)
-    carry = sig_n >= _U32(1 << 24)
-    e_n = e + carry.astype(i32)
-    sig_n = jnp.where(carry, sig_n >> 1, sig_n)
-    normal_bits = (jnp.clip(e_n, 1, 254).astype(_U32) << 23) | (sig_n & _U32(0x7FFFFF))
-    normal_bits = jnp.where(e_n >= 255, _U32(0x7F800000), normal_bits)
-
-    # Subnormal result: value = ext * 2**(e - 2 - 149 + 127 ...), i.e. shift ext right by 2 - e.
-    ext = (sig << 1) | rb
-    t = jnp.clip(2 - e, 1, 31).astype(_U32)
-    kept = ext >> t
-    rem = ext & ((_U32(1) << t) - 1)
-    half = _U32(1) << (t - 1)
-    sub_up = (rem > half) | ((rem == half) & (sticky | ((kept & 1) == 1)))
-    sub_bits = jnp.where(2 - e >= 32, _U32(0), kept + sub_up.astype(_U32))
-
-    bits = jnp.where(e >= 1, normal_bits, sub_bits)
+    # Q = floor(ma · 2**25 / mb), in (2**24, 2**26), in two digits of 13 and 12 bits. Each
+    # digit is estimated in float32 from an approximate reciprocal of mb (a linear guess
+    # and three Newton steps: relative error ~2**-22, whatever the backend's rounding or
+    # contraction of these float operations), so it is off by at most one (its estimate
+    # is below 2**14); it is then corrected against the exact remainder, computed in
+    # wrapping uint32 arithmetic: the true remainder lies in (-2**25, 2**25), so the
+    # uint32 result read as int32 is exact.
+    x = mb.astype(jnp.float32) * np.float32(2.0**-24)  # [1/2, 1)
+    y = np.float32(48 / 17) - np.float32(32 / 17) * x  # ≈ 1/x, |relative error| <= 1/17
+    for _ in range(3):
+        y = y + y * (np.float32(1.0) - x * y)
+    mb_i = lax.bitcast_convert_type(mb, i32)
+    q = None
+    r = ma
+    for width in (13, 12):
+        if isinstance(r, np.generic):  # the first digit of a concrete numerator
+            rf, shifted = np.float32(r), np.uint32((int(r) << width) & 0xFFFFFFFF)
+        else:
+            rf, shifted = r.astype(jnp.float32), r << width
+        est = jnp.floor(rf * (y * np.float32(2.0 ** (width - 24)))).astype(_U32)
+        rem = lax.bitcast_convert_type(shifted - est * mb, i32)  # exact: |rem| < 2**25
+        adj = (rem >= mb_i).astype(_U32) - (rem < 0).astype(_U32)  # -1, 0 or 1 (mod 2**32)
+        d = est + adj
+        r = lax.bitcast_convert_type(rem, _U32) - adj * mb
+        q = d if q is None else (q << width) | d
+    # q2 = (q << 1) | sticky holds the rounding information of the exact quotient.
+    q2 = (q << 1) | (r != 0).astype(_U32)
+    # a / b = Q · 2**(ea - eb - 25). A float32 with biased exponent E >= 1 and significand
+    # M in [2**23, 2**24) (M < 2**23 for subnormals, E = 1) has the bits (E - 1) · 2**23 + M,
+    # so a rounding carry out of M moves into the exponent (and 254 into inf) by itself.
+    big = (q >> 25).astype(i32)  # Q has 25 + big bits
+    e = (ea + 126) - eb + big  # E of the result if it is normal
+    s = jnp.minimum(jnp.maximum(1 - e, 0) + big + 2, 31).astype(_U32)  # bits dropped
+    half_m1 = (_U32(1) << (s - _U32(1))) - _U32(1)
+    kept = (q2 + half_m1 + ((q2 >> s) & _U32(1))) >> s  # round half to even
+    bits = ((jnp.maximum(e, 1) - 1).astype(_U32) << 23) + kept
+    bits = lax.select(e >= 255, jnp.full(shape, 0x7F800000, _U32), bits)
     # Zero tests on the bits: XLA on CPU flushes subnormals to zero in float compares.
-    bits = jnp.where((_bits(b) & _U32(0x7FFFFFFF)) == 0, _U32(0x7F800000), bits)
-    bits = jnp.where((_bits(a) & _U32(0x7FFFFFFF)) == 0, _U32(0), bits)
-    return _from_bits(bits)
+    bits = lax.select((_bits(b) & _U32(0x7FFFFFFF)) == 0, jnp.full(shape, 0x7F800000, _U32),
+                      bits)
+    if not concrete_a:
+        bits = lax.select((_bits(a) & _U32(0x7FFFFFFF)) == 0, jnp.zeros(shape, _U32), bits)
+    return lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def round_to_e4m3(x: jax.Array) -> jax.Array:

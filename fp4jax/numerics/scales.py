@@ -136,5 +136,17 @@ def element_decode_factor(s: jax.Array, amax: jax.Array) -> jax.Array:
 
 
 def output_scale(lhs_amax: jax.Array, rhs_amax: jax.Array) -> jax.Array:
-    """``fl(gds_lhs · gds_rhs)``: the float32 factor an NVFP4 GEMM applies to its accumulator."""
-    return global_decode_scale(lhs_amax) * global_decode_scale(rhs_amax)
+    """``fl(gds_lhs · gds_rhs)``: the float32 factor an NVFP4 GEMM applies to its accumulator.
+
+    Both global decode scales come from one (vectorized) pass of the division, and the
+    result goes through an optimization barrier: it is computed once, not fused into
+    (repeated for) every element of the accumulator it scales.
+
+    Example:
+      >>> float(output_scale(2688.0, 5376.0))
+      2.0
+    """
+    lhs_amax, rhs_amax = jnp.broadcast_arrays(jnp.asarray(lhs_amax, _F32),
+                                              jnp.asarray(rhs_amax, _F32))
+    gds = global_decode_scale(jnp.stack([lhs_amax, rhs_amax]))
+    return jax.lax.optimization_barrier(gds[0] * gds[1])

@@ -1,0 +1,75 @@
+"""The programs XLA compiles for one quantization and one quantized GEMM stay small.
+
+Compile time grows with the program: the NVFP4 train step of examples/compare.py
+compiled 8–11× slower than BF16 because every quantization and GEMM carried hundreds
+of scalar integer operations that XLA then duplicated into many fusions
+(docs/BENCHMARKS.md, "Compile time"). These tests bound the sizes measured with
+`benchmarks.compile_time` (the unoptimized program with calls inlined, which XLA's
+passes work on, and the optimized one with its fusions) at small shapes, where the
+sizes do not depend on the shape. Each bound is the size measured after the
+reformulation (2026-11-30, CPU) plus ~25% headroom; the sizes before it are given
+beside each bound, so each test fails for that formulation.
+"""
+
+import jax
+import jax.numpy as jnp
+
+import fp4jax
+from benchmarks.compile_time import fusion_sizes, hlo_stats, inlined_size
+
+_LINEAR = (((1,), (0,)), ((), ()))
+
+
+def _sizes(fn, *args):
+    lowered = jax.jit(fn).lower(*args)
+    return inlined_size(lowered.as_text(dialect="hlo")), hlo_stats(lowered.compile().as_text())
+
+
+def test_quantize_program_is_small():
+    """``jit(fp4jax.quantize)``, 1D RNE and columnwise RHT + SR: no divide instruction
+    (XLA starts a fusion at each one), and bounded sizes. Before: 944 / 1144
+    instructions unoptimized, 1607 / 1763 optimized with 31 divides; after: 582 / 771
+    and 558 / 698."""
+    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+    cases = {
+        "1d_rne": (lambda x: fp4jax.quantize(x).data, (x,), 730, 700),
+        "rht_sr": (lambda x, k: fp4jax.quantize(x, axis=0, hadamard=True, rounding="stochastic",
+                                                key=k).data,
+                   (x, jax.random.key(0)), 1000, 880),
+    }
+    for name, (fn, args, max_before, max_after) in cases.items():
+        before, after = _sizes(fn, *args)
+        assert after["divides"] == 0, (name, after)
+        assert before <= max_before, (name, before)
+        assert after["instructions"] <= max_after, (name, after)
+
+
+def test_dot_general_forward_and_backward_program_is_small():
+    """One `fp4jax.dot_general`'s forward and VJP (`Recipe.nvfp4`: five quantizations,
+    three GEMMs). Before: 8634 instructions unoptimized, 12576 optimized in 188
+    fusions; after: 4749, 4921 and 72."""
+
+    def fwd_bwd(x, w, ct, key):
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key), x, w)
+        return y, *vjp(ct)
+
+    args = (jax.ShapeDtypeStruct((64, 128), jnp.bfloat16),
+            jax.ShapeDtypeStruct((128, 64), jnp.bfloat16),
+            jax.ShapeDtypeStruct((64, 64), jnp.bfloat16), jax.random.key(0))
+    before, after = _sizes(fwd_bwd, *args)
+    assert before <= 6000, before
+    assert after["instructions"] <= 6200, after
+    assert after["fusions"] <= 90, after
+
+
+def test_gemm_output_scale_is_not_recomputed_per_element():
+    """The emulated GEMM multiplies its accumulator by ``fl(gds_lhs · gds_rhs)``, two
+    integer divisions per operand: computed once, the pass over the (512, 512) output
+    is a handful of instructions. Fused into it, as XLA did before the factor went
+    behind an optimization barrier: ~250 instructions per output element."""
+    fn = lambda x, w: fp4jax.matmul(fp4jax.quantize(x), fp4jax.quantize(w, axis=0))  # noqa: E731
+    compiled = jax.jit(fn).lower(jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+                                 jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)).compile()
+    over_output = [n for elements, n in fusion_sizes(compiled.as_text())
+                   if elements == 512 * 512]
+    assert over_output and max(over_output) <= 16, over_output
