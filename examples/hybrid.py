@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
-from llama import Attention, LlamaConfig, SwiGLU, axes, embed_tokens  # noqa: E402
+from llama import Attention, LanguageModel, LlamaConfig, SwiGLU, axes  # noqa: E402
 from llama import loss_and_metrics as loss_and_metrics  # noqa: E402  (same loss)
 
 MAMBA, ATTENTION, MLP = "M", "*", "-"
@@ -399,7 +399,7 @@ class Block(nnx.Module):
         return x + getattr(self, mixer)(self.norm(x))
 
 
-class Hybrid(nnx.Module):
+class Hybrid(LanguageModel):
     """Token embedding → blocks (`HybridConfig.pattern`) → RMSNorm → head (float32 logits).
 
     Example:
@@ -411,19 +411,5 @@ class Hybrid(nnx.Module):
     """
 
     def __init__(self, cfg: HybridConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.embed = nnx.Embed(
-            cfg.vocab, cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-            embedding_init=axes(nnx.initializers.normal(0.02), "vocab", "embed"), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, k, rngs=rngs) for k in cfg.pattern])
-        self.norm = nnx.RMSNorm(cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                                scale_init=axes(nnx.initializers.ones, "norm"), rngs=rngs)
-        self.lm_head = nnx.Linear(
-            cfg.dim, cfg.vocab, use_bias=False, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-            kernel_init=axes(nnx.initializers.normal(0.02), "embed", "vocab"), rngs=rngs)
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        x = embed_tokens(self.embed, tokens, self.cfg.embed_lookup)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.norm(x)).astype(jnp.float32)
+        super().__init__(cfg, lambda: [Block(cfg, k, rngs=rngs) for k in cfg.pattern],
+                         rngs=rngs)

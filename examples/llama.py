@@ -16,6 +16,8 @@ splits q/k/v and gate/up by columns (``heads``/``mlp`` outputs) and o and down b
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -201,15 +203,21 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Llama(nnx.Module):
-    """Token embedding → blocks → RMSNorm → output head (logits in float32)."""
+class LanguageModel(nnx.Module):
+    """Token embedding → blocks → RMSNorm → output head (logits in float32): the trunk
+    `Llama` and `hybrid.Hybrid` share.
 
-    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+    ``make_blocks()`` builds the blocks; it is called after the embedding and before the
+    norm and the head, so every parameter draws its initial value in that order.
+    """
+
+    def __init__(self, cfg: Any, make_blocks: Callable[[], list[nnx.Module]], *,
+                 rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = nnx.Embed(
             cfg.vocab, cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
             embedding_init=axes(nnx.initializers.normal(0.02), "vocab", "embed"), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.layers)])
+        self.blocks = nnx.List(make_blocks())
         self.norm = nnx.RMSNorm(cfg.dim, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
                                 scale_init=axes(nnx.initializers.ones, "norm"), rngs=rngs)
         self.lm_head = nnx.Linear(
@@ -221,6 +229,14 @@ class Llama(nnx.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm(x)).astype(jnp.float32)
+
+
+class Llama(LanguageModel):
+    """Token embedding → ``cfg.layers`` transformer blocks → RMSNorm → output head."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, lambda: [Block(cfg, rngs=rngs) for _ in range(cfg.layers)],
+                         rngs=rngs)
 
 
 def loss_and_metrics(model: Llama, batch: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, dict]:
