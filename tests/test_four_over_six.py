@@ -118,13 +118,30 @@ def test_chosen_error_never_exceeds_the_six_rule(seed, log_scale, block_2d):
 
 
 def test_default_scale_rule_is_unchanged():
-    """The default is the 6 rule, bit for bit the TE transcription."""
+    """The default is the 6 rule, bit for bit the TE transcription; presets other than
+    `Recipe.nvfp4_four_over_six` use it on every operand."""
     x = _data(5, (32, 64))
     q, q6 = fp4jax.quantize(x), fp4jax.quantize(x, scale_rule="six")
     codes, s, _, _ = npr.quantize_2d_input(np.asarray(x))
     np.testing.assert_array_equal(np.asarray(q.codes()), codes)
     np.testing.assert_array_equal(_bits(np.asarray(q.block_scales())[:, ::16]), _bits(s))
     np.testing.assert_array_equal(np.asarray(q.data), np.asarray(q6.data))
+    for r in (fp4jax.Recipe.nvfp4(), fp4jax.Recipe.nvfp4_no_rht(), fp4jax.Recipe.nvfp4_no_sr(),
+              fp4jax.Recipe.nvfp4_no_2d()):
+        assert all(o.scale_rule == "six" for _, o in r.operands())
+
+
+def test_recipe_applies_four_over_six_to_the_forward_and_weights():
+    """`Recipe.nvfp4_four_over_six`: the forward equals the GEMM of the 4/6-quantized X
+    and W (the backward adds no 4/6 quantization: dgrad reuses the forward's W tiles)."""
+    r = fp4jax.Recipe.nvfp4_four_over_six()
+    assert r.dgrad_grad.rounding == "stochastic" and r.wgrad_lhs.scale_rule == "six"
+    x, w = _data(6, (32, 64)), _data(7, (64, 48))
+    dn = (((1,), (0,)), ((), ()))
+    y = fp4jax.dot_general(x, w, dn, recipe=r)
+    qx = fp4jax.quantize(x, scale_rule=FOUR_SIX)
+    qw = fp4jax.quantize(w, axis=0, block_2d=True, scale_rule=FOUR_SIX)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(fp4jax.matmul(qx, qw)))
 
 
 def test_refused_with_rht_or_stochastic_rounding_and_on_pallas():
@@ -137,6 +154,12 @@ def test_refused_with_rht_or_stochastic_rounding_and_on_pallas():
         reference.quantize(x, scale_rule=FOUR_SIX, rounding="stochastic", key=jax.random.key(0))
     with pytest.raises(ValueError, match="scale_rule must be one of"):
         fp4jax.quantize(x, scale_rule="four")
+    with pytest.raises(ValueError, match="four_over_six"):
+        fp4jax.Operand(rounding="stochastic", scale_rule=FOUR_SIX)
+    with pytest.raises(ValueError, match="four_over_six"):
+        fp4jax.Operand(hadamard=True, scale_rule=FOUR_SIX)
+    with pytest.raises(ValueError, match="only apply to format='nvfp4'"):
+        fp4jax.Operand(format="unquantized", scale_rule=FOUR_SIX)
     with pytest.raises(ValueError, match="scale_rule='four_over_six' is implemented in XLA"):
         implementation.quantize(x, scale_rule=FOUR_SIX, impl="pallas")
     auto = implementation.quantize(x, scale_rule=FOUR_SIX, impl="auto")
