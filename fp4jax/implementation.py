@@ -38,6 +38,7 @@ from fp4jax.numerics import checks, layout
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import Rounding
+from fp4jax.numerics.scales import ScaleRule
 from fp4jax.reference import gemm as reference_gemm
 from fp4jax.reference import quantization as reference_quantization
 
@@ -220,6 +221,7 @@ def quantize(
     hadamard: bool = False,
     hadamard_signs: Sequence[int] | None = None,
     amax: jax.typing.ArrayLike | None = None,
+    scale_rule: ScaleRule = "six",
     impl: Impl = "xla",
 ) -> NVFP4Array:
     """Quantizes ``x`` to NVFP4 with 16-element blocks along ``axis``.
@@ -255,6 +257,10 @@ def quantize(
         `fp4jax.DEFAULT_HADAMARD_SIGNS`.
       amax: a precomputed global amax (float scalar), e.g. reduced across devices.
         Must be at least ``max|x|`` (of the rotated ``x`` with ``hadamard``).
+      scale_rule: ``"six"`` (the standard rule above) or ``"four_over_six"``: each block
+        (tile) also tries the scale mapping its amax to 4 and keeps it when its squared
+        error is strictly lower (docs/RECIPE.md §2.8). Not with ``hadamard`` or stochastic
+        rounding (`ValueError`); XLA only (``impl="pallas"`` raises).
       impl: ``"xla"`` (the pure-JAX reference), ``"pallas"`` (the fused Hopper kernel;
         bit-identical) or ``"auto"``; see this module's docstring.
 
@@ -271,13 +277,15 @@ def quantize(
     """
     args = checks.check_quantize_arguments(
         x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
-        hadamard_signs=hadamard_signs, amax=amax)
+        hadamard_signs=hadamard_signs, amax=amax, scale_rule=scale_rule)
     kw = dict(axis=args.axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
               hadamard_signs=args.hadamard_signs, amax=args.amax)
 
     def kernel_reason() -> str | None:
         from pallas_kernels import quantize_single
 
+        if scale_rule != "six":
+            return f"scale_rule={scale_rule!r} is implemented in XLA only"
         return mesh_reason(args.x) or quantize_single.supports(
             args.x.shape, args.x.dtype, axis=args.axis, block_2d=block_2d, hadamard=hadamard)
 
@@ -289,7 +297,7 @@ def quantize(
         from pallas_kernels import quantize_single
 
         return quantize_single.quantize(args.x, **kw)
-    return reference_quantization.quantize(args.x, **kw)
+    return reference_quantization.quantize(args.x, scale_rule=scale_rule, **kw)
 
 
 def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:

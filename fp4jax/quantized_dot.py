@@ -260,7 +260,7 @@ def quantize_operand(x: jax.Array, axis: int, op: Operand, key: jax.Array | None
     return implementation.quantize(
         x, axis=axis, block_2d=op.block_2d, rounding=op.rounding, key=derived_key,
         hadamard=op.hadamard, hadamard_signs=recipe.hadamard_signs if op.hadamard else None,
-        impl=impl)
+        scale_rule=op.scale_rule, impl=impl)
 
 
 def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: str,
@@ -271,7 +271,7 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
     columnwise copy with the same rounding."""
     row_key, col_key = role_keys(key, (row_op, row_role), (col_op, col_role))
     if (x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard and col_op.hadamard
-            and row_op.rounding == col_op.rounding):
+            and row_op.rounding == col_op.rounding and row_op.scale_rule == "six"):
         row, col = implementation.quantize_rowwise_columnwise(
             x[0], rounding=row_op.rounding, row_key=row_key, col_key=col_key,
             hadamard_signs=recipe.hadamard_signs, impl=impl)

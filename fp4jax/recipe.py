@@ -18,6 +18,7 @@ from typing import Literal
 
 from fp4jax.numerics import hadamard
 from fp4jax.numerics.rounding import ROUNDINGS, Rounding
+from fp4jax.numerics.scales import SCALE_RULES, ScaleRule
 
 Format = Literal["nvfp4", "unquantized", "bf16"]
 """``"nvfp4"``: quantized. ``"unquantized"``: used as given, in the operand's own dtype.
@@ -40,12 +41,17 @@ class Operand:
         axis first. Must be set on both operands of a GEMM or on neither.
       block_2d: one scale per 16×16 tile (weights), so the same quantized values
         serve the GEMMs that contract either axis.
+      scale_rule: ``"six"`` (block amax mapped to 6, the paper's rule) or
+        ``"four_over_six"`` (4/6: per block or tile, the scale mapping the amax to 4 when
+        its squared error is lower; docs/RECIPE.md §2.8). 4/6 needs round-to-nearest and
+        no Hadamard transform, as in Transformer Engine.
     """
 
     format: Format = "nvfp4"
     rounding: Rounding = "nearest"
     hadamard: bool = False
     block_2d: bool = False
+    scale_rule: ScaleRule = "six"
 
     def __post_init__(self):
         object.__setattr__(self, "format", _FORMAT_ALIASES.get(self.format, self.format))
@@ -56,15 +62,23 @@ class Operand:
         for name in ("hadamard", "block_2d"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.scale_rule not in SCALE_RULES:
+            raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
         if self.format == "unquantized" and (
             self.rounding != "nearest" or self.hadamard or self.block_2d
+            or self.scale_rule != "six"
         ):
             raise ValueError(
-                "rounding, hadamard and block_2d only apply to format='nvfp4'; "
+                "rounding, hadamard, block_2d and scale_rule only apply to format='nvfp4'; "
                 f"got {self}"
             )
         if self.hadamard and self.block_2d:
             raise ValueError("an operand cannot use both hadamard=True and block_2d=True")
+        if self.scale_rule == "four_over_six" and (self.hadamard or self.stochastic):
+            raise ValueError(
+                "scale_rule='four_over_six' cannot be combined with hadamard=True or "
+                f"rounding='stochastic' (as in Transformer Engine); got {self}"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -96,7 +110,8 @@ class Recipe:
 
     Use the presets: `Recipe.nvfp4` (the paper's recipe), `Recipe.unquantized` (exact
     passthrough; alias `Recipe.bf16`), the ablations `Recipe.nvfp4_no_rht`, `Recipe.nvfp4_no_sr`,
-    `Recipe.nvfp4_no_2d`, and `with_unquantized_forward` (alias `with_bf16_forward`)
+    `Recipe.nvfp4_no_2d`, the 4/6 variant `Recipe.nvfp4_four_over_six`, and
+    `with_unquantized_forward` (alias `with_bf16_forward`)
     for the end-of-training switch.
 
     Example:
@@ -223,3 +238,20 @@ class Recipe:
     def nvfp4_no_2d(cls) -> Recipe:
         """Ablation: weights in 1D blocks (quantized separately along K and along N)."""
         return cls.nvfp4().replace(fprop_rhs=Operand(), dgrad_rhs=Operand())
+
+    @classmethod
+    def nvfp4_four_over_six(cls) -> Recipe:
+        """The paper's recipe with 4/6 adaptive block scaling (docs/RECIPE.md §2.8, §6).
+
+        4/6 applies where Transformer Engine allows it, to the round-to-nearest operands
+        without the RHT: X in fprop and W (the 2D tiles shared by fprop and dgrad). The
+        stochastically rounded dY and the Hadamard-rotated wgrad operands keep the 6 rule.
+
+        Example:
+          >>> r = Recipe.nvfp4_four_over_six()
+          >>> [name for name, o in r.operands() if o.scale_rule == "four_over_six"]
+          ['fprop_lhs', 'fprop_rhs', 'dgrad_rhs']
+        """
+        w = Operand(block_2d=True, scale_rule="four_over_six")
+        return cls.nvfp4().replace(
+            fprop_lhs=Operand(scale_rule="four_over_six"), fprop_rhs=w, dgrad_rhs=w)

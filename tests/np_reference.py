@@ -121,3 +121,67 @@ def rht_exact(x: np.ndarray, signs) -> np.ndarray:
     t = (np.asarray(signs, np.float64)[:, None] * h) / 4.0
     x = np.asarray(x, np.float64)
     return (x.reshape(*x.shape[:-1], -1, 16) @ t).reshape(x.shape)
+
+
+def four_over_six_errors(x: np.ndarray, codes: np.ndarray, s: np.ndarray, ges, block_2d: bool):
+    """Per-block (per-tile with ``block_2d``) squared errors of docs/RECIPE.md §2.8.
+
+    ``x`` (M, K) inputs, ``codes`` (M, K), ``s`` (M, K/16) the scale of each 1x16 block.
+    Element by element: ``t = fl(x·ges)``, ``d = fl(e2m1·s - t)``, ``e = fl(d·d)``; a
+    block sums its 16 ``e`` from left to right; a tile adds its 16 row sums pairwise
+    (rows i and i+8, then i+4, i+2, i+1). Returns (M, K/16) or (M/16, K/16).
+    """
+    m, k = x.shape
+    t = (x.astype(F32) * F32(ges)).astype(F32)
+    y = (E2M1[codes] * np.repeat(s, 16, axis=1)).astype(F32)  # exact
+    d = (y - t).astype(F32)
+    e = (d * d).astype(F32).reshape(m, k // 16, 16)
+    total = e[..., 0].copy()
+    for i in range(1, 16):
+        total = (total + e[..., i]).astype(F32)
+    if not block_2d:
+        return total
+    r = total.reshape(m // 16, 16, k // 16)
+    for h in (8, 4, 2, 1):
+        r = (r[:, :h] + r[:, h:2 * h]).astype(F32)
+    return r[:, 0]
+
+
+def quantize_2d_input_four_over_six(x: np.ndarray, block_2d: bool = False):
+    """`quantize_2d_input` with the 4/6 scale rule (docs/RECIPE.md §2.8), round to nearest.
+
+    Each block (tile) is quantized with ``s6 = e4m3(min(bamax · fl(ges · fl(1/6)), 448))``
+    and with ``s4 = e4m3(min(bamax · fl(ges · 0.25), 448))``; ``s4`` and its codes are kept
+    iff their squared error is strictly lower. Same returns as `quantize_2d_input`.
+    """
+    x = np.asarray(x).astype(F32)
+    m, k = x.shape
+    amax = F32(np.max(np.abs(x)))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        ges = np.minimum(F32(2688.0) / amax, FLT_MAX).astype(F32)
+        if amax == 0 or ges == 0:
+            ges = F32(1.0)
+        gds = (F32(1.0) / ges).astype(F32)
+        if block_2d:
+            t = np.abs(x).reshape(m // 16, 16, k // 16, 16).max(axis=(1, 3))
+            bamax = np.repeat(t, 16, axis=0)
+        else:
+            bamax = np.abs(x).reshape(m, k // 16, 16).max(axis=-1)
+        candidates = []
+        for mult in ((ges * (F32(1.0) / F32(6.0))).astype(F32), (ges * F32(0.25)).astype(F32)):
+            d = np.minimum((bamax * mult).astype(F32), F32(448.0))
+            s = d.astype(ml_dtypes.float8_e4m3fn).astype(F32)
+            enc = np.minimum((F32(1.0) / (s * gds).astype(F32)).astype(F32), FLT_MAX)
+            v = np.clip((x.reshape(m, k // 16, 16) * enc[..., None]).astype(F32),
+                        F32(-6.0), F32(6.0)).reshape(m, k)
+            codes = e2m1_codes_nearest(v)
+            candidates.append((s, codes, four_over_six_errors(x, codes, s, ges, block_2d)))
+    (s6, c6, e6), (s4, c4, e4) = candidates
+    use4 = e4 < e6
+    if block_2d:
+        use4 = np.repeat(use4, 16, axis=0)
+    s = np.where(use4, s4, s6).astype(F32)
+    codes = np.where(np.repeat(use4, 16, axis=1), c4, c6).astype(np.uint8)
+    factor = ((s * amax).astype(F32) * (F32(1.0) / F32(2688.0))).astype(F32)
+    deq = (E2M1[codes] * np.repeat(factor, 16, axis=1)).astype(F32)
+    return codes, s, amax, deq

@@ -17,6 +17,7 @@ from fp4jax.numerics import layout, random_bits
 from fp4jax.numerics.constants import BLOCK, SUPPORTED_INPUT_DTYPES
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS
+from fp4jax.numerics.scales import SCALE_RULES
 
 
 def check_input_dtype(dtype: Any, what: str) -> jnp.dtype:
@@ -43,7 +44,8 @@ def check_amax(amax: Any) -> jax.Array | None:
 
 
 def check_quantize_options(
-    *, rounding: str, key: Any, hadamard: bool, block_2d: bool, hadamard_signs: Any
+    *, rounding: str, key: Any, hadamard: bool, block_2d: bool, hadamard_signs: Any,
+    scale_rule: str = "six",
 ) -> tuple[int, ...] | None:
     """Validates the quantize options that do not depend on the array.
 
@@ -52,6 +54,14 @@ def check_quantize_options(
     """
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {scale_rule!r}")
+    if scale_rule == "four_over_six" and (hadamard or rounding == "stochastic"):
+        raise ValueError(
+            "scale_rule='four_over_six' cannot be combined with hadamard=True or "
+            f"rounding='stochastic' (got hadamard={hadamard}, rounding={rounding!r}); "
+            "as in Transformer Engine, 4/6 applies to round-to-nearest operands without the RHT"
+        )
     if rounding == "stochastic" and key is None:
         raise ValueError("rounding='stochastic' needs a jax.random key: pass key=...")
     if hadamard and block_2d:
@@ -82,6 +92,7 @@ def check_quantize_arguments(
     hadamard: bool,
     hadamard_signs: Any,
     amax: Any,
+    scale_rule: str = "six",
 ) -> QuantizeArguments:
     """Validates every argument of a quantize call (the one check all implementations use).
 
@@ -100,7 +111,7 @@ def check_quantize_arguments(
     axis = layout.normalize_axis(axis, x.ndim)
     signs = check_quantize_options(
         rounding=rounding, key=key, hadamard=hadamard, block_2d=block_2d,
-        hadamard_signs=hadamard_signs)
+        hadamard_signs=hadamard_signs, scale_rule=scale_rule)
     if block_2d:
         layout.tile_axis_for(axis, x.ndim)  # validates the tile placement
     if hadamard and x.shape[axis] % BLOCK:

@@ -7,9 +7,12 @@ bits on CPU and GPU, in the reference and in the kernels.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fp4jax.numerics import rounding
 from fp4jax.numerics.constants import (
@@ -150,3 +153,75 @@ def output_scale(lhs_amax: jax.Array, rhs_amax: jax.Array) -> jax.Array:
                                               jnp.asarray(rhs_amax, _F32))
     gds = global_decode_scale(jnp.stack([lhs_amax, rhs_amax]))
     return jax.lax.optimization_barrier(gds[0] * gds[1])
+
+
+ScaleRule = Literal["six", "four_over_six"]
+"""How a block's E4M3 decode scale is chosen: ``"six"`` maps the block amax to 6 (§2.4);
+``"four_over_six"`` also tries mapping it to 4 and keeps the lower-error candidate (§2.8)."""
+
+SCALE_RULES: tuple[str, ...] = ("six", "four_over_six")
+
+
+def block_decode_scale_four(bamax: jax.Array, ges: jax.Array) -> jax.Array:
+    """The 4/6 rule's second candidate ``s4 = e4m3_rne(min(fl(bamax · fl(ges · 0.25)), 448))``.
+
+    `block_decode_scale` with the block amax mapped to 4 instead of 6 (docs/RECIPE.md §2.8):
+    ``fl(ges · 0.25)`` is exact, so ``s4`` is never below ``s6``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> float(block_decode_scale_four(jnp.float32(8.0), jnp.float32(1.0)))
+      2.0
+    """
+    d = jnp.minimum(bamax * (ges * np.float32(0.25)), np.float32(E4M3_MAX))
+    return rounding.round_to_e4m3(d)
+
+
+def block_squared_error(
+    x: jax.Array, values: jax.Array, s: jax.Array, ges: jax.Array
+) -> jax.Array:
+    """Sum of squared quantization errors of 16-blocks in scaled units (docs/RECIPE.md §2.8).
+
+    ``t_i = fl(x_i · ges)``, ``d_i = fl(fl(values_i · s) - t_i)``, ``e_i = fl(d_i · d_i)``,
+    summed in float32 from element 0 to 15. ``values · s`` is exact (E2M1 × E4M3); the
+    inexact products ``t`` and ``e`` pass an optimization barrier, so they are rounded to
+    float32 before they are subtracted or added: no FMA contraction can fuse them.
+
+    Args:
+      x: (..., 16) finite float32 inputs.
+      values: (..., 16) their signed E2M1 values under the candidate scale.
+      s: (...) the candidate's E4M3 decode scales (float32).
+      ges: the global encode scale (scalar).
+
+    Returns:
+      (...) float32 block errors.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> x = jnp.full((16,), 5.0, jnp.float32)
+      >>> float(block_squared_error(x, jnp.full((16,), 6.0), jnp.float32(1.0), jnp.float32(1.0)))
+      16.0
+    """
+    t = lax.optimization_barrier(x * ges)
+    e = lax.optimization_barrier(jnp.square(values * s[..., None] - t))
+    total = e[..., 0]
+    for i in range(1, e.shape[-1]):
+        total = total + e[..., i]
+    return total
+
+
+def tile_error(row_errors: jax.Array, axis: int) -> jax.Array:
+    """Sums the 16 row-block errors of 16×16 tiles along ``axis`` (length 16) as a tree.
+
+    ``r_i + r_{i+8}``, then ``+4``, ``+2``, ``+1`` (docs/RECIPE.md §2.8), in float32.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> float(tile_error(jnp.arange(16.0), 0))
+      120.0
+    """
+    r = jnp.moveaxis(row_errors, axis, -1)
+    while r.shape[-1] > 1:
+        h = r.shape[-1] // 2
+        r = r[..., :h] + r[..., h:]
+    return r[..., 0]

@@ -31,6 +31,7 @@ from fp4jax.numerics.nvfp4_array import (
     unpack_codes,
 )
 from fp4jax.numerics.rounding import Rounding
+from fp4jax.numerics.scales import ScaleRule
 
 _F32 = jnp.float32
 
@@ -45,6 +46,7 @@ def quantize(
     hadamard: bool = False,
     hadamard_signs: Sequence[int] | None = None,
     amax: jax.typing.ArrayLike | None = None,
+    scale_rule: ScaleRule = "six",
 ) -> NVFP4Array:
     """The pure-JAX reference of `fp4jax.quantize` (same arguments, without ``impl``).
 
@@ -61,17 +63,19 @@ def quantize(
     """
     x, axis, hadamard_signs, amax = checks.check_quantize_arguments(
         x, axis=axis, block_2d=block_2d, rounding=rounding, key=key, hadamard=hadamard,
-        hadamard_signs=hadamard_signs, amax=amax)
+        hadamard_signs=hadamard_signs, amax=amax, scale_rule=scale_rule)
     return _quantize(
         x, key if rounding == "stochastic" else None, amax, axis=axis, block_2d=bool(block_2d),
-        rounding=rounding, hadamard=bool(hadamard), signs=hadamard_signs,
+        rounding=rounding, hadamard=bool(hadamard), signs=hadamard_signs, scale_rule=scale_rule,
     )
 
 
 @functools.partial(
-    jax.jit, static_argnames=("axis", "block_2d", "rounding", "hadamard", "signs")
+    jax.jit, static_argnames=("axis", "block_2d", "rounding", "hadamard", "signs", "scale_rule")
 )
-def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVFP4Array:
+def _quantize(
+    x, key, amax, *, axis, block_2d, rounding, hadamard, signs, scale_rule
+) -> NVFP4Array:
     dtype = x.dtype
     tile_axis = layout.tile_axis_for(axis, x.ndim) if block_2d else None
     n = x.shape[axis]
@@ -122,8 +126,11 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
     else:
         bamax = jnp.max(absb, axis=-1)  # (..., nb)
 
+    def per_row_block(t):  # a per-block (per-tile in 2D) array, one entry per 1x16 block
+        return layout.repeat_each(t, BLOCK, -2)[..., : lead[-1], :] if block_2d else t
+
     s = scales.block_decode_scale(bamax, ges)  # float32 holding the exact E4M3 value
-    s_el = layout.repeat_each(s, BLOCK, -2)[..., : lead[-1], :] if block_2d else s
+    s_el = per_row_block(s)
     enc = scales.lookup_encode_scales(enc_table, s_el)
     v = jnp.clip(blocks * enc[..., None], -E2M1_MAX, E2M1_MAX)
     a = jnp.abs(v)
@@ -133,7 +140,11 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
         grid = tuple(nb if d == axis else n_d for d, n_d in enumerate(x.shape))
         u8 = random_bits.block_bytes(key, random_bits.block_index(grid, perm))
         mag = rnd.e2m1_code_stochastic(a, u8)
-    codes = (mag | jnp.where(v < 0, jnp.uint8(8), jnp.uint8(0))).reshape(*lead, padded)
+    codes = mag | jnp.where(v < 0, jnp.uint8(8), jnp.uint8(0))
+    if scale_rule == "four_over_six":
+        s, codes = _four_over_six(blocks, bamax, ges, enc_table, s, codes, block_2d,
+                                  per_row_block)
+    codes = codes.reshape(*lead, padded)
 
     data = jnp.transpose(pack_codes(codes, -1), inv)
     block_scales = jnp.transpose(s.astype(jnp.float8_e4m3fn), inv)
@@ -147,6 +158,28 @@ def _quantize(x, key, amax, *, axis, block_2d, rounding, hadamard, signs) -> NVF
         block_2d=block_2d,
         hadamard=hadamard,
     )
+
+
+def _four_over_six(blocks, bamax, ges, enc_table, s6, codes6, block_2d, per_row_block):
+    """Docs/RECIPE.md §2.8: per block (tile), the scale mapping its amax to 4 replaces the
+    one mapping it to 6 (with its codes) iff its squared error is strictly lower."""
+    s4 = scales.block_decode_scale_four(bamax, ges)
+    s4_el = per_row_block(s4)
+    v4 = jnp.clip(blocks * scales.lookup_encode_scales(enc_table, s4_el)[..., None],
+                  -E2M1_MAX, E2M1_MAX)
+    codes4 = rnd.e2m1_code_nearest(jnp.abs(v4)) | jnp.where(v4 < 0, jnp.uint8(8), jnp.uint8(0))
+    errors = []
+    for s_el, c in ((per_row_block(s6), codes6), (s4_el, codes4)):
+        e = scales.block_squared_error(blocks, e2m1_to_f32(c), s_el, ges)  # (..., [T,] nb)
+        if block_2d:  # rows padded to whole tiles (zero rows add zero error), then a tree
+            t = e.shape[-2]
+            tb = layout.num_blocks(t)
+            e = layout.pad_axis(e, e.ndim - 2, tb * BLOCK)
+            e = scales.tile_error(e.reshape(*e.shape[:-2], tb, BLOCK, e.shape[-1]), -2)
+        errors.append(e)
+    use4 = errors[1] < errors[0]  # ties keep the 6 candidate
+    codes = jnp.where(per_row_block(use4)[..., None], codes4, codes6)
+    return jnp.where(use4, s4, s6), codes
 
 
 def dequantize(q: NVFP4Array, dtype: Any = jnp.float32) -> jax.Array:
