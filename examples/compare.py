@@ -41,6 +41,7 @@ RECIPE_SPECS = {
     "nvfp4_no_rht": dict(recipe="nvfp4_no_rht"),
     "nvfp4_no_sr": dict(recipe="nvfp4_no_sr"),
     "nvfp4_no_2d": dict(recipe="nvfp4_no_2d"),
+    "nvfp4_four_over_six": dict(recipe="nvfp4_four_over_six"),  # RECIPE.md §2.8
 }
 
 

@@ -174,6 +174,7 @@ RECIPES = {
     "nvfp4_no_rht": fp4jax.Recipe.nvfp4_no_rht,
     "nvfp4_no_sr": fp4jax.Recipe.nvfp4_no_sr,
     "nvfp4_no_2d": fp4jax.Recipe.nvfp4_no_2d,
+    "nvfp4_four_over_six": fp4jax.Recipe.nvfp4_four_over_six,  # RECIPE.md §2.8
 }
 
 

@@ -100,6 +100,7 @@ def recipe_name(recipe: Recipe | None) -> str:
         ("nvfp4_no_rht", Recipe.nvfp4_no_rht()),
         ("nvfp4_no_sr", Recipe.nvfp4_no_sr()),
         ("nvfp4_no_2d", Recipe.nvfp4_no_2d()),
+        ("nvfp4_four_over_six", Recipe.nvfp4_four_over_six()),
     ):
         if recipe == r:
             return name
