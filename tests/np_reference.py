@@ -78,6 +78,23 @@ def sr_bytes_rowwise(key_words: tuple[int, int], m: int, k: int) -> np.ndarray:
     return bytes_.reshape(m, k).astype(np.uint32)
 
 
+def global_and_block_amax(x: np.ndarray, block_2d: bool):
+    """(amax, ges, gds, per-block amax (M, K/16)) of a 2D float32 array (docs/RECIPE.md §2)."""
+    m, k = x.shape
+    amax = F32(np.max(np.abs(x)))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        ges = np.minimum(F32(2688.0) / amax, FLT_MAX).astype(F32)
+        if amax == 0 or ges == 0:
+            ges = F32(1.0)
+        gds = (F32(1.0) / ges).astype(F32)
+    if block_2d:
+        t = np.abs(x).reshape(m // 16, 16, k // 16, 16).max(axis=(1, 3))
+        bamax = np.repeat(t, 16, axis=0)
+    else:
+        bamax = np.abs(x).reshape(m, k // 16, 16).max(axis=-1)
+    return amax, ges, gds, bamax
+
+
 def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u8: np.ndarray | None = None):
     """Quantizes a 2D array along its last axis (length a multiple of 16).
 
@@ -87,18 +104,9 @@ def quantize_2d_input(x: np.ndarray, block_2d: bool = False, u8: np.ndarray | No
     x = np.asarray(x).astype(F32)
     m, k = x.shape
     assert k % 16 == 0 and (not block_2d or m % 16 == 0)
-    amax = F32(np.max(np.abs(x)))
+    amax, ges, gds, bamax = global_and_block_amax(x, block_2d)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        ges = np.minimum(F32(2688.0) / amax, FLT_MAX).astype(F32)
-        if amax == 0 or ges == 0:
-            ges = F32(1.0)
-        gds = (F32(1.0) / ges).astype(F32)
         blocks = x.reshape(m, k // 16, 16)
-        if block_2d:
-            t = np.abs(x).reshape(m // 16, 16, k // 16, 16).max(axis=(1, 3))
-            bamax = np.repeat(t, 16, axis=0)
-        else:
-            bamax = np.abs(blocks).max(axis=-1)
         mult = (ges * (F32(1.0) / F32(6.0))).astype(F32)
         d = np.minimum((bamax * mult).astype(F32), F32(448.0))
         s = d.astype(ml_dtypes.float8_e4m3fn).astype(F32)
@@ -156,17 +164,8 @@ def quantize_2d_input_four_over_six(x: np.ndarray, block_2d: bool = False):
     """
     x = np.asarray(x).astype(F32)
     m, k = x.shape
-    amax = F32(np.max(np.abs(x)))
+    amax, ges, gds, bamax = global_and_block_amax(x, block_2d)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        ges = np.minimum(F32(2688.0) / amax, FLT_MAX).astype(F32)
-        if amax == 0 or ges == 0:
-            ges = F32(1.0)
-        gds = (F32(1.0) / ges).astype(F32)
-        if block_2d:
-            t = np.abs(x).reshape(m // 16, 16, k // 16, 16).max(axis=(1, 3))
-            bamax = np.repeat(t, 16, axis=0)
-        else:
-            bamax = np.abs(x).reshape(m, k // 16, 16).max(axis=-1)
         candidates = []
         for mult in ((ges * (F32(1.0) / F32(6.0))).astype(F32), (ges * F32(0.25)).astype(F32)):
             d = np.minimum((bamax * mult).astype(F32), F32(448.0))
