@@ -131,18 +131,14 @@ class HybridConfig:
                              f"got {self.attn_every!r}")
         if not isinstance(self.mlp, bool):
             raise ValueError(f"mlp must be a bool, got {self.mlp!r}")
-        if self.embed_lookup not in ("onehot", "gather"):
-            raise ValueError(
-                f"embed_lookup must be 'onehot' or 'gather', got {self.embed_lookup!r}")
-        if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise ValueError(f"dim={self.dim} must split into {self.heads} heads of even size")
+        if self.hidden is not None and (not isinstance(self.hidden, int) or self.hidden < 1):
+            raise ValueError(f"hidden must be a positive int or None, got {self.hidden!r}")
+        # The attention and MLP sizes and the embedding lookup are the Llama's: its checks
+        # (embed_lookup, heads of even size) and its default hidden width apply.
+        object.__setattr__(self, "hidden", self.llama_config().hidden)
         if (self.expand * self.dim) % self.ssm_head_dim:
             raise ValueError(f"expand * dim = {self.expand * self.dim} must be a multiple of "
                              f"ssm_head_dim={self.ssm_head_dim}")
-        if self.hidden is None:
-            object.__setattr__(self, "hidden", -(-(8 * self.dim // 3) // 64) * 64)
-        elif not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"hidden must be a positive int or None, got {self.hidden!r}")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
