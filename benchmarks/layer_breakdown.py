@@ -23,10 +23,7 @@ Usage (GPU machine, repo root)::
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
 import json
-import os
 import sys
 
 import jax
@@ -34,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
+from benchmarks import trace_summary
 from fp4jax import implementation
 from pallas_kernels.timing import environment, time_fn
 
@@ -73,26 +71,6 @@ def passes(x, w, ct, key) -> dict:
         "GEMM dgrad  dY @ W^T": (mm(False), (gr, qw.mT)),
         "GEMM wgrad  X^T @ dY": (mm(True), (xc.mT, gc)),
     }
-
-
-def summarize_trace(trace_dir: str, top: int = 25) -> list[tuple[str, float, int]]:
-    """(name, total ms, count) of the device ops in the newest perfetto trace, if any."""
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
-    if not files:
-        return []
-    with gzip.open(files[-1]) as f:
-        events = json.load(f).get("traceEvents", [])
-    names = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    totals: dict[str, list] = {}
-    for e in events:
-        if e.get("ph") != "X" or "GPU" not in names.get(e.get("pid"), ""):
-            continue
-        t = totals.setdefault(e["name"], [0.0, 0])
-        t[0] += e.get("dur", 0) / 1e3
-        t[1] += 1
-    return sorted(((n, ms, c) for n, (ms, c) in totals.items()), key=lambda r: -r[1])[:top]
 
 
 def main(argv=None) -> dict:
@@ -146,7 +124,7 @@ def main(argv=None) -> dict:
             for _ in range(3):
                 out = layer(*sets[0])
             jax.block_until_ready(out)
-        ops = summarize_trace(a.trace)
+        ops = trace_summary.summarize(a.trace)[:25]
         result["trace_top_ops"] = ops
         print("\njax.profiler trace, device ops over 3 layer calls (name, total ms, count):")
         for name, ms, count in ops:

@@ -45,7 +45,7 @@ import data as data_lib  # noqa: E402
 import train_llama as tl  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
-from benchmarks import gemm_auto_table  # noqa: E402
+from benchmarks import gemm_auto_table, trace_summary  # noqa: E402
 from fp4jax import implementation  # noqa: E402
 from fp4jax.flax.nnx import matmul_layers  # noqa: E402
 from pallas_kernels import gemm, gemm_config, timing  # noqa: E402
@@ -153,9 +153,27 @@ def token_batch(kind: str, batches: data_lib.Batches, vocab: int) -> tuple:
     return jax.device_put((w[:, :-1], w[:, 1:]))
 
 
+def trace_kinds(step_fn: Callable, state, batch, trace_dir: str, steps: int = 3) -> dict:
+    """Device ms per step by kind of op (`trace_summary.by_kind`) and the top ops."""
+    state, _ = step_fn(state, batch)  # warm: the traced steps run compiled code only
+    jax.block_until_ready(state)
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(steps):
+            state, _ = step_fn(state, batch)
+        jax.block_until_ready(state)
+    ops = trace_summary.summarize(trace_dir)
+    kinds = trace_summary.by_kind(ops)
+    return {"kinds_ms_per_step": {k: ms / steps for k, (ms, _) in kinds.items()},
+            "kernels_per_step": {k: c / steps for k, (_, c) in kinds.items()},
+            "top_ops": [(n, ms / steps, c / steps) for n, ms, c in ops[:15]]}
+
+
 def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *,
-            iters: int, reps: int) -> list[dict]:
-    """One recipe and lookup: compile once, then time the step on each batch of ``data``."""
+            iters: int, reps: int, trace_dir: str | None = None) -> list[dict]:
+    """One recipe and lookup: compile once, then time the step on each batch of ``data``.
+
+    With ``trace_dir`` it also traces a few steps on the first batch (`trace_kinds`).
+    """
     trainer = tl.Trainer(model_cfg, cfg, 1)
     steps = 2 + iters * reps
     first = next(iter(data.values()))
@@ -170,13 +188,18 @@ def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *
                  "high_precision_layers": list(trainer.report.high_precision),
                  "gemms": gemms,
                  "kernel_gemms": sum(g["gemms"] for g in gemms if g["here"] == "pallas")}
+    traced = {}
+    if trace_dir:
+        name = f"{cfg.recipe}_{cfg.impl}_{model_cfg.embed_lookup}"
+        traced = {"trace": trace_kinds(compiled, trainer.init(steps), first,
+                                       os.path.join(trace_dir, name))}
     rows = []
     for kind, batch in data.items():
         step_s = threaded_step_seconds(compiled, trainer.init(steps), batch, iters=iters,
                                        reps=reps)
         rows.append({"recipe": cfg.recipe, "impl": cfg.impl if cfg.recipe != "bf16" else "-",
                      "embed": model_cfg.embed_lookup, "tokens": kind, "compile_s": compile_s,
-                     "step_ms": step_s * 1e3, **nvfp4})
+                     "step_ms": step_s * 1e3, **nvfp4, **traced})
     return rows
 
 
@@ -199,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--data", default=None,
                    help="a text tree to train on (default: this interpreter's Python sources)")
     p.add_argument("--out", default=None)
+    p.add_argument("--trace", default=None,
+                   help="also trace 3 steps per recipe here and print device time by kind")
     a = p.parse_args(argv)
     a.heads = a.heads or default_heads(a.dim)
     kinds = a.tokens.split(",")
@@ -214,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
         for recipe in a.recipes.split(","):
             for impl in (a.impls.split(",") if recipe != "bf16" else ["auto"]):
                 cfg = run_config(recipe, batch=a.batch, seq=a.seq, impl=impl)
-                rows += measure(model_cfg, cfg, data, iters=a.iters, reps=a.reps)
+                rows += measure(model_cfg, cfg, data, iters=a.iters, reps=a.reps,
+                                trace_dir=a.trace)
     for r in rows:  # against BF16 with the same lookup and tokens
         base = next((b for b in rows if b["recipe"] == "bf16" and b["embed"] == r["embed"]
                      and b["tokens"] == r["tokens"]), rows[0])
@@ -241,6 +267,21 @@ def main(argv: list[str] | None = None) -> dict:
               f"{f'{layers} of {total}' if total else '-'} | {r.get('kernel_gemms', '-')} | "
               f"{r['compile_s']:.1f} | {r['compile_ratio']:.2f} | {r['step_ms']:.2f} | "
               f"{r['step_ratio']:.2f} |")
+    traced = [r for r in rows if "trace" in r]
+    if traced:
+        print("\nDevice ms per step by kind of op (jax.profiler trace of 3 steps, first batch):")
+        print("| kind | " + " | ".join(f"{r['recipe']} {r['impl']}" for r in traced) + " |")
+        print("| --- |" + " --- |" * len(traced))
+        for kind, _ in trace_summary.KINDS:
+            print(f"| {kind} | " + " | ".join(
+                f"{r['trace']['kinds_ms_per_step'][kind]:.2f} "
+                f"({r['trace']['kernels_per_step'][kind]:.0f})" for r in traced) + " |")
+        print("| all device ops | " + " | ".join(
+            f"{sum(r['trace']['kinds_ms_per_step'].values()):.2f}" for r in traced) + " |")
+        for r in traced:
+            print(f"\ntop ops, {r['recipe']} {r['impl']} (ms per step, calls per step):")
+            for n, ms, c in r["trace"]["top_ops"]:
+                print(f"  {ms:8.3f}  {c:5.1f}x  {n[:90]}")
     return result
 
 
