@@ -71,7 +71,8 @@ def test_quantize_dequantize_bit_identical_to_cpu(dtype):
         for kw in (dict(), dict(block_2d=True), dict(axis=0, block_2d=True),
                    dict(axis=0, hadamard=True), dict(rounding="stochastic", key=key),
                    dict(axis=0, hadamard=True, rounding="stochastic", key=key),
-                   dict(scale_rule="four_over_six"), dict(block_2d=True, scale_rule="four_over_six"),
+                   dict(scale_rule="four_over_six"),
+                   dict(block_2d=True, scale_rule="four_over_six"),
                    dict(axis=0, hadamard=True, rounding="stochastic", key=key,
                         scale_rule="four_over_six")):
             q = fp4jax.quantize(x, **kw)
