@@ -122,6 +122,7 @@ def run_amax(x2: jax.Array, want_rht: bool, signs, config: Any, interpret: bool)
         out_type=jax.ShapeDtypeStruct((spec.grid, 4, bm // 16, bk // 16), _F32),
         grid=(spec.grid,),
         grid_names=("cta",),
+        kernel_name="fp4jax_amax_rht" if want_rht else "fp4jax_amax",
         scratch_types=[
             plgpu.SMEM((stages, bm // 16, 16, bk // 16, 8), _U32),
             plgpu.Barrier(num_barriers=stages),

@@ -365,6 +365,7 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
         out_type=tuple(out_types),
         grid=(spec.grid,),
         grid_names=("cta",),
+        kernel_name=tp.kernel_name(spec),
         scratch_types=[
             plgpu.SMEM((stages, bm // 16, 16, bk // 16, 8), _U32),
             plgpu.Barrier(num_barriers=stages),

@@ -95,6 +95,21 @@ class KernelSpec:
     col: OutputSpec | None
 
 
+def kernel_name(spec: KernelSpec) -> str:
+    """A name for profiles and traces saying which outputs a quantize launch writes.
+
+    >>> kernel_name(KernelSpec(64, 128, None, 64, 128, 2, 1, OutputSpec(False),
+    ...             OutputSpec(True, hadamard=True)))
+    'fp4jax_quantize_row_rne_col_rht_sr'
+    """
+    parts = ["fp4jax_quantize"]
+    for label, out in (("row", spec.row), ("col", spec.col)):
+        if out is not None:
+            parts += [label] + ["2d"] * out.block_2d + ["rht"] * out.hadamard
+            parts.append("sr" if out.stochastic else "rne")
+    return "_".join(parts)
+
+
 def tile_counts(spec: KernelSpec) -> tuple[int, int]:
     """(number of tiles, tiles along K) of ``spec``."""
     tk = spec.k // spec.bk
