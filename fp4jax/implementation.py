@@ -407,8 +407,9 @@ def matmul(
       impl: ``"xla"`` (decode to BF16 and XLA's dot), ``"pallas"`` (the Hopper
         kernel, decode in-kernel), ``"native"`` (`jax.nn.scaled_matmul`, Blackwell;
         untested there) or ``"auto"``; see this module's docstring.
-      lhs_from_mT: a layout hint for the kernel: ``lhs`` is the ``.mT`` view of an
-        array blocked along its rows (wgrad's Xᵀ). Results do not depend on it.
+      lhs_from_mT: a layout hint: ``lhs`` is the ``.mT`` view of an array blocked
+        along its rows (wgrad's Xᵀ), so both backends read it in its stored
+        orientation. Results do not depend on it.
       out_sharding: the output's sharding (a `PartitionSpec` under an explicit mesh), as
         in `jax.lax.dot_general`; needed when the contraction is sharded.
 
@@ -451,4 +452,4 @@ def matmul(
     if backend == "native":
         return native_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype)
     return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
-                                 out_sharding=out_sharding)
+                                 out_sharding=out_sharding, lhs_from_mT=lhs_from_mT)

@@ -22,7 +22,7 @@ from fp4jax.reference.quantization import scaled_codes_bf16
 
 def matmul(
     lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
-    out_sharding: Any = None,
+    out_sharding: Any = None, lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
@@ -31,6 +31,10 @@ def matmul(
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
       out_sharding: output sharding, as in `jax.lax.dot_general`.
+      lhs_from_mT: ``lhs`` is the ``.mT`` view of an array blocked along its rows
+        (wgrad's Xᵀ): it is decoded in that array's stored orientation. A ``rhs``
+        blocked along N is taken to be such a view too (dgrad's Wᵀ). Results do not
+        depend on either.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -49,14 +53,21 @@ def matmul(
     """
     checks.check_gemm_operands(lhs, rhs)
     return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type),
-                   out_sharding=out_sharding)
+                   out_sharding=out_sharding, lhs_from_mT=bool(lhs_from_mT))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding"))
-def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding) -> jax.Array:
-    a = scaled_codes_bf16(lhs)
-    b = scaled_codes_bf16(rhs)
+def _decode_view(q: NVFP4Array, from_mT: bool) -> jax.Array:  # noqa: N803
+    # A .mT view's data is a transpose of the stored codes: decoding the view's .mT
+    # cancels it, and the swap of the decoded result becomes the GEMM's operand layout.
+    return jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2) if from_mT else scaled_codes_bf16(q)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding", "lhs_from_mT"))
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding,
+            lhs_from_mT: bool) -> jax.Array:  # noqa: N803
     nd = lhs.ndim
+    a = _decode_view(lhs, lhs_from_mT)
+    b = _decode_view(rhs, rhs.axis == nd - 1)
     batch = tuple(range(nd - 2))
     acc = lax.dot_general(
         a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32,

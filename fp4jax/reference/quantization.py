@@ -214,25 +214,30 @@ def scaled_codes_bf16(q: NVFP4Array) -> jax.Array:
     This is the operand an emulated NVFP4 GEMM feeds to a BF16 matrix unit
     (docs/RECIPE.md §9): E2M1 × E4M3 has at most 6 significant bits and fits BF16's range,
     so the product is exact. Padding is dropped.
+
+    Every layout is decoded in the orientation ``q.data`` is stored in, one output
+    element per nibble with no transpose, so that XLA writes the operand in one
+    coalesced pass; a caller holding a ``.mT`` view decodes the view's ``.mT`` and swaps
+    the result's axes (XLA folds that swap into the GEMM's operand layout).
     """
-    if q.axis == q.ndim - 2:
-        # Decoded as the .mT view (a transpose of the 4-bit codes, cheap) and transposed
-        # back: XLA folds that transpose into the GEMM's operand layout.
-        return jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2)
-    if q.axis != q.ndim - 1:
+    if q.axis < q.ndim - 2:
         vals = e2m1_to_bf16(unpack_codes(q.data, q.axis))
         s = q.per_element(q.scales.astype(jnp.bfloat16))
         return lax.slice_in_dim(vals * s, 0, q.shape[q.axis], axis=q.axis)
-    # Codes packed along the last axis: both nibbles of each byte are decoded in place and
-    # joined into one uint32 of two BF16 bit patterns (the even element in the low half),
-    # so the interleave is a bitcast, not a concatenate: on GPUs XLA then writes the
-    # decoded operand in one coalesced pass.
     s = layout.repeat_each(q.scales.astype(jnp.bfloat16), BLOCK // 2, q.axis)  # per byte
     if q.block_2d:
         t = q.tile_axis
         s = lax.slice_in_dim(layout.repeat_each(s, BLOCK, t), 0, q.shape[t], axis=t)
-    halves = [lax.bitcast_convert_type(e2m1_to_bf16(c) * s, jnp.uint16).astype(jnp.uint32)
-              for c in (q.data & 0xF, q.data >> 4)]
-    pairs = lax.bitcast_convert_type(halves[0] | (halves[1] << 16), jnp.bfloat16)
-    vals = pairs.reshape(*q.data.shape[:-1], 2 * q.data.shape[-1])
+    lo, hi = (e2m1_to_bf16(c) * s for c in (q.data & 0xF, q.data >> 4))
+    if q.axis == q.ndim - 1:
+        # Packed along the last axis: the two nibbles' BF16 bit patterns are joined into
+        # one uint32 (the even element in the low half), so the interleave is a bitcast.
+        halves = [lax.bitcast_convert_type(v, jnp.uint16).astype(jnp.uint32) for v in (lo, hi)]
+        pairs = lax.bitcast_convert_type(halves[0] | (halves[1] << 16), jnp.bfloat16)
+        vals = pairs.reshape(*q.data.shape[:-1], 2 * q.data.shape[-1])
+    else:
+        # Packed along the second-to-last axis: byte row j gives output rows 2j and 2j+1,
+        # each a contiguous row, so the interleave is a stack and a free reshape.
+        rows = jnp.stack([lo, hi], axis=-2)
+        vals = rows.reshape(*q.data.shape[:-2], 2 * q.data.shape[-2], q.data.shape[-1])
     return lax.slice_in_dim(vals, 0, q.shape[q.axis], axis=q.axis)
