@@ -546,12 +546,14 @@ def test_empty_and_bad_keys_raise_clear_errors():
 @pytest.mark.parametrize("shape,kw", [
     ((48, 80), {}), ((3, 32, 40), {}), ((40, 64), {"block_2d": True}), ((48, 80), {"axis": 0}),
     ((64, 48), {"axis": 0, "block_2d": True}), ((2, 40, 32), {"axis": 1}),
-    ((40, 48), {"axis": 0, "block_2d": True}), ((2, 3, 40, 16), {"axis": 1})])
+    ((40, 48), {"axis": 0, "block_2d": True}), ((2, 3, 40, 16), {"axis": 1}),
+    ((40, 7), {"axis": 0}), ((2, 48, 34), {"axis": 1})])
 def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
     """The GEMM operand decode (code · s in BF16, no global scale), for codes packed along
-    the last axis (bitcast-interleave path), the second-to-last (stacked rows) and a
-    leading one, equals an independent transcription: unpack the nibbles, decode E2M1,
-    multiply by the per-element E4M3 scale — bit for bit, padding dropped."""
+    the last axis (bitcast-interleave path), the second-to-last (pairs of columns; a
+    stack for an odd column count) and a leading one, equals an independent
+    transcription: unpack the nibbles, decode E2M1, multiply by the per-element E4M3
+    scale — bit for bit, padding dropped."""
     from fp4jax.reference.quantization import scaled_codes_bf16
 
     q = fp4jax.quantize(jax.random.normal(jax.random.key(0), shape) * 3, **kw)
