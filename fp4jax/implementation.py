@@ -452,4 +452,5 @@ def matmul(
     if backend == "native":
         return native_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype)
     return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
-                                 out_sharding=out_sharding, lhs_from_mT=lhs_from_mT)
+                                 out_sharding=out_sharding, lhs_from_mT=lhs_from_mT,
+                                 single_device=mesh_reason(lhs, rhs) is None)

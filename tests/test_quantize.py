@@ -550,8 +550,8 @@ def test_empty_and_bad_keys_raise_clear_errors():
     ((40, 7), {"axis": 0}), ((2, 48, 34), {"axis": 1})])
 def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
     """The GEMM operand decode (code · s in BF16, no global scale), for codes packed along
-    the last axis (bitcast-interleave path), the second-to-last (pairs of columns; a
-    stack for an odd column count) and a leading one, equals an independent
+    the last axis (bitcast-interleave path), the second-to-last (through .mT, or as
+    pairs of columns) and a leading one, equals an independent
     transcription: unpack the nibbles, decode E2M1, multiply by the per-element E4M3
     scale — bit for bit, padding dropped."""
     from fp4jax.reference.quantization import scaled_codes_bf16
@@ -560,7 +560,8 @@ def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
     codes = nvfp4_array.unpack_codes(q.data, q.axis)
     want = nvfp4_array.e2m1_to_bf16(codes) * q.per_element(q.scales.astype(jnp.bfloat16))
     want = jax.lax.slice_in_dim(want, 0, q.shape[q.axis], axis=q.axis)
-    got = scaled_codes_bf16(q)
-    assert got.shape == want.shape == q.shape
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
-                                  np.asarray(want).view(np.uint16))
+    for pairs in (False, True):
+        got = scaled_codes_bf16(q, column_pairs=pairs)
+        assert got.shape == want.shape == q.shape
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
+                                      np.asarray(want).view(np.uint16))

@@ -23,6 +23,7 @@ from fp4jax.reference.quantization import scaled_codes_bf16
 def matmul(
     lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
     out_sharding: Any = None, lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
+    single_device: bool = False,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
@@ -35,6 +36,9 @@ def matmul(
         (wgrad's Xᵀ): it is decoded in that array's stored orientation. A ``rhs``
         blocked along N is taken to be such a view too (dgrad's Wᵀ). Results do not
         depend on either.
+      single_device: the program runs on one device: column-packed operands are then
+        decoded without a transpose (`scaled_codes_bf16`'s ``column_pairs``). Results
+        do not depend on it.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -53,21 +57,25 @@ def matmul(
     """
     checks.check_gemm_operands(lhs, rhs)
     return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type),
-                   out_sharding=out_sharding, lhs_from_mT=bool(lhs_from_mT))
+                   out_sharding=out_sharding, lhs_from_mT=bool(lhs_from_mT),
+                   single_device=bool(single_device))
 
 
-def _decode_view(q: NVFP4Array, from_mT: bool) -> jax.Array:  # noqa: N803
+def _decode_view(q: NVFP4Array, from_mT: bool, pairs: bool) -> jax.Array:  # noqa: N803
     # A .mT view's data is a transpose of the stored codes: decoding the view's .mT
     # cancels it, and the swap of the decoded result becomes the GEMM's operand layout.
-    return jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2) if from_mT else scaled_codes_bf16(q)
+    if from_mT:
+        return jnp.swapaxes(scaled_codes_bf16(q.mT, column_pairs=pairs), -1, -2)
+    return scaled_codes_bf16(q, column_pairs=pairs)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding", "lhs_from_mT"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding", "lhs_from_mT",
+                                             "single_device"))
 def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding,
-            lhs_from_mT: bool) -> jax.Array:  # noqa: N803
+            lhs_from_mT: bool, single_device: bool) -> jax.Array:  # noqa: N803
     nd = lhs.ndim
-    a = _decode_view(lhs, lhs_from_mT)
-    b = _decode_view(rhs, rhs.axis == nd - 1)
+    a = _decode_view(lhs, lhs_from_mT, single_device)
+    b = _decode_view(rhs, rhs.axis == nd - 1, single_device)
     batch = tuple(range(nd - 2))
     acc = lax.dot_general(
         a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32,

@@ -208,47 +208,48 @@ def _dequantize(q: NVFP4Array, *, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
-def scaled_codes_bf16(q: NVFP4Array) -> jax.Array:
+def scaled_codes_bf16(q: NVFP4Array, *, column_pairs: bool = False) -> jax.Array:
     """``code · s`` per element in bfloat16, without the global scale (exact).
 
     This is the operand an emulated NVFP4 GEMM feeds to a BF16 matrix unit
     (docs/RECIPE.md §9): E2M1 × E4M3 has at most 6 significant bits and fits BF16's range,
     so the product is exact. Padding is dropped.
 
-    Every layout is decoded in the orientation ``q.data`` is stored in, one output
-    element per nibble with no transpose, so that XLA writes the operand in one
-    coalesced pass; a caller holding a ``.mT`` view decodes the view's ``.mT`` and swaps
-    the result's axes (XLA folds that swap into the GEMM's operand layout).
+    Codes packed along the last axis are decoded in place, two elements per uint32.
+    Codes packed along the second-to-last axis are decoded through the ``.mT`` view
+    (a transpose XLA fuses into the decode), or with ``column_pairs`` in their stored
+    orientation as uint32 pairs of adjacent columns: no transpose, but XLA's SPMD
+    partitioner does not carry a sharding through that formulation (it all-gathers
+    the operand), so callers ask for it on single-device programs only.
     """
     if q.axis < q.ndim - 2:
         vals = e2m1_to_bf16(unpack_codes(q.data, q.axis))
         s = q.per_element(q.scales.astype(jnp.bfloat16))
         return lax.slice_in_dim(vals * s, 0, q.shape[q.axis], axis=q.axis)
+    if q.axis == q.ndim - 2 and not (column_pairs and q.data.shape[-1] % 2 == 0):
+        return jnp.swapaxes(scaled_codes_bf16(q.mT), -1, -2)
     s = layout.repeat_each(q.scales.astype(jnp.bfloat16), BLOCK // 2, q.axis)  # per byte
     if q.block_2d:
         t = q.tile_axis
         s = lax.slice_in_dim(layout.repeat_each(s, BLOCK, t), 0, q.shape[t], axis=t)
     if q.axis == q.ndim - 1:
-        # Packed along the last axis: the two nibbles' BF16 bit patterns are joined into
-        # one uint32 (the even element in the low half), so the interleave is a bitcast.
+        # The two nibbles' BF16 bit patterns are joined into one uint32 (the even element
+        # in the low half), so the interleave is a bitcast.
         vals = _bf16_pairs(q.data & 0xF, q.data >> 4, s, s).reshape(
             *q.data.shape[:-1], 2 * q.data.shape[-1])
-    elif q.data.shape[-1] % 2 == 0:
-        # Packed along the second-to-last axis: byte row j gives output rows 2j and 2j+1.
-        # Written as one elementwise map over a (rows/2, 2, cols/2) uint32 output (a
-        # broadcast of the codes, not a concatenate, which XLA emits at a fraction of
-        # the bandwidth), two adjacent columns per uint32 as in the branch above.
-        r2, c = q.data.shape[-2:]
-        pairs16 = lax.bitcast_convert_type(
-            q.data.reshape(*q.data.shape[:-1], c // 2, 2), jnp.uint16)[..., None, :]
-        shift = lax.broadcasted_iota(jnp.uint16, (2, 1), 0) * jnp.uint16(4)  # row 2j + p
-        s_even, s_odd = (s[..., None, i::2] for i in (0, 1))
-        vals = _bf16_pairs((pairs16 >> shift) & 0xF, (pairs16 >> (shift + 8)) & 0xF,
-                           s_even, s_odd).reshape(*q.data.shape[:-2], 2 * r2, c)
     else:
-        lo, hi = (e2m1_to_bf16(c) * s for c in (q.data & 0xF, q.data >> 4))
-        vals = jnp.stack([lo, hi], axis=-2).reshape(
-            *q.data.shape[:-2], 2 * q.data.shape[-2], q.data.shape[-1])
+        # Byte row j gives output rows 2j and 2j+1: one elementwise map over a (rows/2,
+        # 2, cols/2) uint32 output, two adjacent columns per uint32 (a stack of the two
+        # rows would be an XLA concatenate, emitted at a fraction of the bandwidth).
+        r2, c = q.data.shape[-2:]
+        d2 = q.data.reshape(*q.data.shape[:-1], c // 2, 2)[..., None, :, :]  # (.., r2, 1, c/2, 2)
+        shift = lax.broadcasted_iota(jnp.uint8, (2, 1, 1), 0) * jnp.uint8(4)  # row 2j + p
+        codes = (d2 >> shift) & 0xF  # (..., r2, 2, c/2, 2)
+        s2 = s.reshape(*s.shape[:-1], c // 2, 2)[..., None, :, :]
+        vals = _bf16_pairs(codes[..., 0], codes[..., 1], s2[..., 0], s2[..., 1])
+        # One merge per reshape: JAX infers the sharding of a merge of a (possibly
+        # sharded) axis with an unsharded one, not of two at once.
+        vals = vals.reshape(*vals.shape[:-2], c).reshape(*q.data.shape[:-2], 2 * r2, c)
     return lax.slice_in_dim(vals, 0, q.shape[q.axis], axis=q.axis)
 
 
