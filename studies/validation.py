@@ -49,9 +49,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO / "studies"))
 sys.path.insert(0, str(REPO))
 
 import data as data_lib  # noqa: E402
+import handoff  # noqa: E402
 import jax  # noqa: E402
 import train_llama as tl  # noqa: E402
 from hybrid import HybridConfig  # noqa: E402
@@ -569,6 +571,7 @@ def build_result(spec: StudySpec, unit: Unit, summary: dict[str, Any],
         "compile_s": segments[0]["first_step_s"] if segments else None,
         "train_wall_s": sum(s["train_wall_s"] for s in segments),
         "segments": segments,
+        "environment": segments[-1]["environment"] if segments else None,
     }
 
 
@@ -601,77 +604,95 @@ def estimate_s(spec: StudySpec, unit: Unit, results: Path) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------
-# Handing a cut-off unit to the next device call
+# Handing work to the next device call
 
-PART_BYTES = 15 * 2**20
-"""Size of one part of a handed-off checkpoint (the device tool returns files ≤ 16 MiB)."""
+HANDOFF_FILES = 8
+"""Files a device call returns at most."""
 
-MAX_PARTS = 3
-"""Parts at most (the device tool returns 8 files, 64 MiB in all; the next call carries
-them inside its 64 MiB working tree)."""
+HANDOFF_BYTES = 60 * 2**20
+"""Bytes to hand off at most: a call returns 64 MiB, and the next carries them in its
+64 MiB working tree (with the repository)."""
 
 
-def pack_handoff(spec: StudySpec, results: Path, out: Path) -> list[str]:
-    """Writes into ``out`` the study's finished results (``results-<study>.tar.gz``) and the
-    work files of each unfinished unit that has a checkpoint and fits in `MAX_PARTS`
-    parts (``partial-<study>-<unit>-step<N>.tar.partK``). Returns notes to print."""
+def _checkpoint_members(results: Path, unit: Unit) -> tuple[int, list[tuple[Path, str]]] | None:
+    """A cut-off unit's latest checkpoint and metrics as (file, name in the archive)."""
+    work = work_dir(results, unit)
+    ckpt = work / "ckpt"
+    if finished(results, unit) or not ckpt.exists():
+        return None
+    with Checkpointer(ckpt) as c:
+        step = c.latest_step()
+    if step is None:
+        return None
+    files = [p for p in work.iterdir() if p.is_file()]
+    files += [p for p in ckpt.iterdir() if p.is_file()]
+    files += [p for p in (ckpt / str(step)).rglob("*") if p.is_file()]
+    return step, [(p, p.relative_to(work.parent).as_posix()) for p in files]
+
+
+def pack_handoff(spec: StudySpec, results: Path, out: Path,
+                 cache_dir: Path | None = None) -> list[str]:
+    """Writes into ``out`` what the next call needs, within `HANDOFF_FILES` and
+    `HANDOFF_BYTES`: the finished results (``results-STUDY.tar.gz``); the checkpoint and
+    metrics of each cut-off unit that fits (``partial-STUDY-UNIT-stepN.tar.partK``); then
+    as many of the newest compilation-cache entries as fit (``cache-STUDY.tar.partK``).
+    Returns notes to print."""
     results, out = Path(results), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    notes = []
     done = sorted(results.glob("*.json"))
     with tarfile.open(out / f"results-{spec.name}.tar.gz", "w:gz") as tar:
         for p in done:
             tar.add(p, arcname=p.name)
-    notes.append(f"handoff: {len(done)} results in results-{spec.name}.tar.gz")
+    notes = [f"handoff: {len(done)} results in results-{spec.name}.tar.gz"]
+    files_left = HANDOFF_FILES - 1
+    bytes_left = HANDOFF_BYTES - (out / f"results-{spec.name}.tar.gz").stat().st_size
     for unit in spec.units():
-        ckpt = work_dir(results, unit) / "ckpt"
-        if finished(results, unit) or not ckpt.exists():
+        found = _checkpoint_members(results, unit)
+        if found is None:
             continue
-        with Checkpointer(ckpt) as c:
-            step = c.latest_step()
-        if step is None:
+        step, members = found
+        size = handoff.archive_bytes([p.stat().st_size for p, _ in members])
+        k = None
+        if size <= bytes_left:
+            k = handoff.pack(members, out, f"partial-{spec.name}-{unit.name}-step{step}.tar",
+                             max_parts=files_left)
+        if k is None:
+            notes.append(f"handoff: {unit.name} at step {step} ({size / 2**20:.0f} MiB) does not "
+                         "fit: it restarts unless the next call finds this machine warm")
             continue
-        work = work_dir(results, unit)
-        members = [p for p in work.iterdir() if p.is_file()]
-        members += [p for p in ckpt.iterdir() if p.is_file()]
-        members += [p for p in (ckpt / str(step)).rglob("*") if p.is_file()]
-        size = sum(p.stat().st_size for p in members)
-        if size > MAX_PARTS * PART_BYTES:
-            notes.append(f"handoff: {unit.name} at step {step} is {size / 2**20:.0f} MiB, over "
-                         f"{MAX_PARTS * PART_BYTES / 2**20:.0f} MiB: not handed off (it restarts "
-                         "unless the next call finds this machine warm)")
-            continue
-        tmp = work.parent / f"{unit.name}.tar"
-        with tarfile.open(tmp, "w") as tar:
-            for p in members:
-                tar.add(p, arcname=str(p.relative_to(work.parent)))
-        stem = f"partial-{spec.name}-{unit.name}-step{step}.tar"
-        with open(tmp, "rb") as f:
-            k = 0
-            while chunk := f.read(PART_BYTES):
-                (out / f"{stem}.part{k}").write_bytes(chunk)
-                k += 1
-        tmp.unlink()
+        files_left, bytes_left = files_left - k, bytes_left - size
         notes.append(f"handoff: {unit.name} at step {step} ({size / 2**20:.1f} MiB, {k} parts)")
+    if cache_dir is not None and Path(cache_dir).is_dir() and files_left > 0:
+        entries = sorted((p for p in Path(cache_dir).rglob("*") if p.is_file()),
+                         key=lambda p: p.stat().st_mtime, reverse=True)
+        chosen: list[Path] = []
+        for p in entries:  # newest first: this call's compilations
+            size = handoff.archive_bytes([q.stat().st_size for q in chosen + [p]])
+            if size <= bytes_left and -(-size // handoff.PART_BYTES) <= files_left:
+                chosen.append(p)
+        if chosen:
+            k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out,
+                             f"cache-{spec.name}.tar", max_parts=files_left)
+            notes.append(f"handoff: {len(chosen)} of {len(entries)} compilation-cache files "
+                         f"({k} parts)")
     return notes
 
 
-def _partials(src: Path, spec: StudySpec) -> dict[tuple[str, int], list[Path]]:
-    """``{(unit name, step): parts in order}`` of the handed-off checkpoints in ``src``."""
-    found: dict[tuple[str, int], list[Path]] = {}
-    for p in sorted(src.glob(f"partial-{spec.name}-*.tar.part*")):
-        stem, _, k = p.name.rpartition(".part")
-        name, _, step = stem[len(f"partial-{spec.name}-"):-len(".tar")].rpartition("-step")
-        found.setdefault((name, int(step)), []).append((int(k), p))
-    return {key: [p for _, p in sorted(v)] for key, v in found.items()}
+def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:
+    """``partial-STUDY-UNIT-stepN.tar`` -> (UNIT, N)."""
+    name, _, step = stem[len(f"partial-{spec.name}-"):-len(".tar")].rpartition("-step")
+    return name, int(step)
 
 
-def restore_partials(spec: StudySpec, results: Path, src: Path) -> list[str]:
-    """Unpacks handed-off checkpoints from ``src`` into the work folder, unless the unit
-    is finished or its local checkpoint is as far. Returns notes to print."""
+def restore_handoff(spec: StudySpec, results: Path, src: Path,
+                    cache_dir: Path | None = None) -> list[str]:
+    """Unpacks what `pack_handoff` wrote (and `unpack` carried) in ``src``: each
+    checkpoint into the work folder, unless its unit is finished or has a checkpoint as
+    far; the compilation-cache entries into ``cache_dir``. Returns notes to print."""
     notes = []
     units = {u.name: u for u in spec.units()}
-    for (name, step), parts in _partials(Path(src), spec).items():
+    for stem, parts in handoff.find_parts(src, f"partial-{spec.name}-").items():
+        name, step = _partial_key(spec, stem)
         unit = units.get(name)
         if unit is None or finished(results, unit):
             continue
@@ -681,21 +702,19 @@ def restore_partials(spec: StudySpec, results: Path, src: Path) -> list[str]:
                 if (c.latest_step() or -1) >= step:
                     continue
         shutil.rmtree(work_dir(results, unit), ignore_errors=True)
-        tmp = Path(results) / "work" / f"{name}.tar"
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            for p in parts:
-                f.write(p.read_bytes())
-        with tarfile.open(tmp) as tar:
-            tar.extractall(tmp.parent, filter="data")
-        tmp.unlink()
+        handoff.unpack_parts(parts, Path(results) / "work")
         notes.append(f"resumed {name} from the handed-off checkpoint at step {step}")
+    for parts in handoff.find_parts(src, f"cache-{spec.name}.").values():
+        if cache_dir is not None:
+            handoff.unpack_parts(parts, cache_dir)
+            notes.append(f"compilation cache: {len(parts)} handed-off parts into {cache_dir}")
     return notes
 
 
 def unpack(spec: StudySpec, results: Path, src: Path, carry: Path) -> list[str]:
-    """After a device call: the results from ``src`` into ``results`` and the handed-off
-    checkpoints into ``carry`` (replacing older ones of this study)."""
+    """After a device call, here: the results from ``src`` into ``results``; the handed-off
+    checkpoints of unfinished units and the compilation cache into ``carry`` (replacing
+    this study's older ones there), for the next call to carry."""
     results, src, carry = Path(results), Path(src), Path(carry)
     notes = []
     tar_path = src / f"results-{spec.name}.tar.gz"
@@ -706,17 +725,21 @@ def unpack(spec: StudySpec, results: Path, src: Path, carry: Path) -> list[str]:
                      if m.isfile() and "/" not in m.name and m.name.endswith(".json")]
             tar.extractall(results, members=names, filter="data")
         notes.append(f"{len(names)} results in {results}")
-    partials = _partials(src, spec)
-    for old in carry.glob(f"partial-{spec.name}-*"):
-        old.unlink()
+    for prefix in (f"partial-{spec.name}-", f"cache-{spec.name}."):
+        for parts in handoff.find_parts(carry, prefix).values():
+            for old in parts:
+                old.unlink()
     units = {u.name: u for u in spec.units()}
-    for (name, step), parts in partials.items():
-        if name not in units or finished(results, units[name]):
-            continue
-        carry.mkdir(parents=True, exist_ok=True)
-        for p in parts:
-            shutil.copyfile(p, carry / p.name)
-        notes.append(f"{name} at step {step}: {len(parts)} parts in {carry} (carry it)")
+    for prefix in (f"partial-{spec.name}-", f"cache-{spec.name}."):
+        for stem, parts in handoff.find_parts(src, prefix).items():
+            if prefix.startswith("partial"):
+                unit = units.get(_partial_key(spec, stem)[0])
+                if unit is None or finished(results, unit):
+                    continue
+            carry.mkdir(parents=True, exist_ok=True)
+            for p in parts:
+                shutil.copyfile(p, carry / p.name)
+            notes.append(f"{stem}: {len(parts)} parts in {carry} (carry it)")
     return notes
 
 
@@ -740,8 +763,9 @@ def run_study(
     ``t_begin``) are spent.
 
     A unit starts if no estimate of its time exists yet (`estimate_s`), if the estimate
-    fits the time left, or if it exceeds a whole budget (it spans calls anyway); else the
-    loop stops and leaves it to the next call. A started unit gets the deadline
+    fits the time left, or if it exceeds a whole budget (it spans calls anyway); else, or
+    when less than 30 s (a tenth of a smaller budget) is left, the loop stops and leaves
+    it to the next call. A started unit gets the deadline
     ``t_begin + budget_s - reserve_s``: what is left for its final evaluation,
     checkpoint and result.
 
@@ -762,7 +786,8 @@ def run_study(
     for unit in todo:
         left = deadline - time.perf_counter()
         est = estimate_s(spec, unit, results)
-        if left < 30 or (est is not None and left < est <= budget_s - reserve_s):
+        if left < min(30.0, 0.1 * budget_s) or (est is not None
+                                                 and left < est <= budget_s - reserve_s):
             print(f"[{spec.name}] {left:.0f}s left, {unit.name} needs ~{est or 0:.0f}s: "
                   "stopping here", flush=True)
             break
@@ -912,7 +937,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  device {jax.devices()[0].device_kind} ({jax.default_backend()}), jax "
           f"{jax.__version__}, compilation cache {cache}", flush=True)
     if a.resume_from:
-        for line in restore_partials(spec, results, Path(a.resume_from)):
+        for line in restore_handoff(spec, results, Path(a.resume_from),
+                                    None if cache == "none" else Path(cache)):
             print(line, flush=True)
     try:
         outcomes = run_study(spec, results, budget_s=a.budget_s, reserve_s=a.reserve_s,
@@ -923,7 +949,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(outcomes) - done} cut off; {time.perf_counter() - t_begin:.0f}s", flush=True)
     finally:
         if a.handoff:
-            for line in pack_handoff(spec, results, Path(a.handoff)):
+            for line in pack_handoff(spec, results, Path(a.handoff),
+                                     None if cache == "none" else Path(cache)):
                 print(line, flush=True)
     left = [u for u in spec.units() if not finished(results, u)]
     print(f"[{spec.name}] {len(spec.units()) - len(left)} of {len(spec.units())} units done")

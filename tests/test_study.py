@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(REPO, "examples"))
 sys.path.insert(0, os.path.join(REPO, "studies"))
 
 import data  # noqa: E402
+import handoff  # noqa: E402
 import study_report  # noqa: E402
 import train_llama  # noqa: E402
 import validation  # noqa: E402
@@ -63,12 +64,18 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     cut = validation.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
     assert not cut.finished and cut.steps == 4
     assert not validation.result_path(tmp_path / "b", unit).exists()
-    notes = validation.pack_handoff(TINY, tmp_path / "b", tmp_path / "out")
-    assert any("step 4" in n for n in notes), notes
+    cache = tmp_path / "cache"  # stands for the persistent compilation cache
+    (cache / "sub").mkdir(parents=True)
+    (cache / "jit_step-1-cache").write_bytes(b"x" * 3000)
+    (cache / "sub" / "autotune").write_bytes(b"y" * 10)
+    notes = validation.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
+    assert any("step 4" in n for n in notes) and any("2 of 2" in n for n in notes), notes
     validation.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
-    assert [p.name for p in (tmp_path / "carry").iterdir()] == [
-        f"partial-tiny-{unit.name}-step4.tar.part0"]
-    assert validation.restore_partials(TINY, tmp_path / "c", tmp_path / "carry")
+    assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == [
+        "cache-tiny.tar.part0", f"partial-tiny-{unit.name}-step4.tar.part0"]
+    notes = validation.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
+                                       tmp_path / "cache2")
+    assert len(notes) == 2 and (tmp_path / "cache2" / "sub" / "autotune").read_bytes() == b"y" * 10
     resumed = validation.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
     assert resumed.finished and resumed.steps == 8
 
@@ -172,7 +179,8 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     assert "too wide" not in rows["paper"] and "too wide" in rows["no_sr"]
     assert "+3.00% (n=3)" in rows["no_sr"] and "2.0000 ± 0.0200" in rows["bf16"]
     figs = sorted(p.name for p in (tmp_path / "docs" / "study").iterdir())
-    assert figs == ["fake-python-tpp10-curves.png", "fake-python-tpp10-gaps.png"]
+    assert figs == ["fake-python-tpp10-curves.png", "fake-python-tpp10-gaps.png",
+                    "fake-python-tpp10-health.png"]
     assert "](study/fake-python-tpp10-gaps.png)" in text
     assert "No divergence: all 9 finished units" in text and "2.00e-02 → 4.00e-02" in text
     empty_section = text[text.index("## empty"):text.index("## How to run")]
@@ -210,7 +218,7 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (validation, study_report):
+    for mod in (validation, study_report, handoff):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
