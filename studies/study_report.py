@@ -208,8 +208,8 @@ def curves_figure(title: str, variants: dict[str, dict[int, dict]], order: Seque
             xt = np.array([tokens[steps.index(t)] for t in ok])
             ax_gap.plot(xt, g.mean(0), color=line.get_color(), label=v)
             ax_gap.fill_between(xt, g.min(0), g.max(0), color=line.get_color(), alpha=0.2)
-    ax.set(xlabel="training tokens (M)", ylabel="validation bits per byte", title=title)
-    ax.set_yscale("log")
+    ax.set(xlabel="training tokens (M)", ylabel="validation bits per byte",
+           title=f"{title} (band: min–max over seeds)")
     ax.legend(fontsize=8)
     ax_gap.axhline(0.0, color="black", lw=0.8)
     ax_gap.set(xlabel="training tokens (M)", ylabel="gap to BF16 (%), paired by seed",
@@ -239,7 +239,39 @@ def gaps_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequenc
     ax.set_yticks(y, [f"{v} (n={iv.n})" for v, iv in rows])
     ax.axvline(0.0, color="black", lw=0.8)
     ax.set(xlabel="validation-loss gap to BF16 (%), mean over seeds, 95% t-interval",
-           title=title)
+           title=f"{title}\n(red: interval wider than ±{WIDE_PP} pp or one seed)")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+HEALTH_PANELS = (("w/flush_to_zero", "max", "weights flushed to zero (max over layers)"),
+                 ("x/flush_to_zero", "max", "inputs flushed to zero (max over layers)"),
+                 ("w/rel_error", "mean", "weight quantization error (mean over layers)"))
+
+
+def health_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
+                  path: Path) -> bool:
+    """Diagnostics along training for each run that recorded them. Returns False (no
+    figure) when none did."""
+    runs = [(v, s, r) for v in order for s, r in sorted(variants.get(v, {}).items())
+            if r.get("diagnostics")]
+    if not runs:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(HEALTH_PANELS), figsize=(5 * len(HEALTH_PANELS), 4))
+    tokens_per_step = next(iter(runs))[2]["tokens"] / next(iter(runs))[2]["steps"]
+    for v, s, r in runs:
+        for ax, (key, agg, _) in zip(axes, HEALTH_PANELS):
+            pts = [(d["step"] * tokens_per_step / 1e6, d["summary"][key][agg])
+                   for d in r["diagnostics"] if key in d["summary"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, label=f"{v} (seed {s})")
+    for ax, (_, _, label) in zip(axes, HEALTH_PANELS):
+        ax.set(xlabel="training tokens (M)", title=label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -326,6 +358,10 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
         if gaps_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                        figures / f"{stem}-gaps.png"):
             lines += [f"![gaps to BF16]({_link(figures / f'{stem}-gaps.png', doc_dir)})", ""]
+        if health_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param: NVFP4 diagnostics",
+                         variants, spec.variants, figures / f"{stem}-health.png"):
+            lines += [f"![NVFP4 diagnostics]({_link(figures / f'{stem}-health.png', doc_dir)})",
+                      ""]
     if len(spec.tokens_per_param) > 1:
         lines += ["### Gap against run length", "",
                   "| variant | " + " | ".join(f"{t:g} tokens/param" for t in
@@ -364,26 +400,32 @@ HOW_TO_RUN = """\
 ## How to run a study in device calls
 
 Each unit (one variant, seed, corpus and length) trains through the examples' training
-loop and checkpoints; a call trains unfinished units in a fixed order until its budget is
-spent and writes `studies/results/STUDY/UNIT.json` for each finished one. Commit those.
-One call (keep the budget about a minute under the call's limit):
+loop, checkpointing as it goes; a call trains unfinished units in a fixed order (corpus,
+length, variant, seeds in a row) until its budget is spent and writes
+`studies/results/STUDY/UNIT.json` for each finished one. Commit those. A call (keep the
+budget about a minute under the call's limit):
 
-    PYTHONPATH=. python studies/validation.py run pure_llama --budget-s 500 --handoff $OUT \\
-        --resume-from studies/handoff
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 studies/validation.py run pure_llama \\
+        --budget-s 500 --handoff $OUT --resume-from studies/handoff
 
-Then, here, with the folder of files the call returned:
+Then, here, with the folder of files the call returned (`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
     git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
 
-`unpack` puts the results in place and a cut-off unit's checkpoint (when it is small
-enough to travel: the `long_data` model's is, the others' are not and restart) in
-`studies/handoff/`; pass `carry=["studies/handoff"]` to the next call. The compilation
-cache (`studies/results/STUDY/work/jax_cache`) lets the later seeds of a variant skip
-compilation within a call: units run variant by variant, seeds in a row.
-`--variants bf16,paper`, `--corpora python`, `--seeds 0` restrict a call;
-`plan STUDY` prints the sizes, epochs and each unit's state; `report` regenerates this
-page.
+and pass `carry=["studies/handoff"]` to the next call. What travels (`--handoff`): the
+results; the checkpoint of a unit the budget cut off, when it fits the tool's 64 MiB (the
+`long_data` model's does; a `pure_llama` or `hybrid` unit's does not and restarts:
+`run` starts a unit only when the time measured on an earlier unit of its kind fits
+what is left); and the newest entries of the persistent compilation cache
+(`studies/results/STUDY/work/jax_cache`), so that the next call skips compiling the
+variant it continues. Within a call the cache also serves the later seeds of a variant.
+
+First call on a machine: `plan pure_llama` prints the corpora as that interpreter has
+them and the epochs each run reads (the prose corpus is much smaller than the Python one;
+`run` skips a unit that would read a whole epoch). `--variants bf16,paper`,
+`--corpora python`, `--seeds 0` restrict a call; `report` regenerates this page from the
+committed results.
 """
 
 
@@ -396,8 +438,9 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         "# Validation study: NVFP4 against BF16 (issue 12)", "",
         f"Generated by `PYTHONPATH=. {command}` from the JSON results committed under "
         "`studies/results/` (`studies/study_report.py`); regenerate it, do not edit it. "
-        "Every number below is read from those results, except the lines marked as the "
-        "plan.", "",
+        "Every measured number below is read from those results; the lines marked as the "
+        "plan and the how-to at the end come from the study specs "
+        "(`studies/validation.py`).", "",
         "The gap of a variant is its final validation loss relative to BF16's, paired by "
         "seed (the same seed gives the same initialization, data order and SR keys): "
         "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
