@@ -108,11 +108,17 @@ def by_group(results: list[dict[str, Any]]) -> dict[Group, dict[str, dict[int, d
     return out
 
 
+def _finite_val(r: dict[str, Any]) -> bool:
+    v = r.get("final_val_bpb")
+    return v is not None and math.isfinite(v)
+
+
 def paired_gaps(variants: dict[str, dict[int, dict]]) -> dict[str, dict[int, float]]:
-    """``{variant: {seed: val / val_bf16 - 1}}`` over the seeds both have finished."""
-    base = variants.get(BASELINE, {})
+    """``{variant: {seed: val / val_bf16 - 1}}`` over the seeds both have finished with a
+    finite validation loss (a diverged run is reported apart, `divergence_lines`)."""
+    base = {s: r for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
     return {v: {s: r["final_val_bpb"] / base[s]["final_val_bpb"] - 1.0
-                for s, r in sorted(runs.items()) if s in base}
+                for s, r in sorted(runs.items()) if s in base and _finite_val(r)}
             for v, runs in variants.items() if v != BASELINE}
 
 
@@ -140,13 +146,17 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]]) -> str:
         if not runs:
             lines.append(f"| {v} | 0 | not run yet | | | | | | |")
             continue
-        vals = [r["final_val_bpb"] for r in runs.values()]
-        iv_v = mean_interval(vals)
+        vals = [r["final_val_bpb"] for r in runs.values() if _finite_val(r)]
+        diverged = len(runs) - len(vals)
         bf = _mean([r.get("final_val_bpb_bf16_forward") for r in runs.values()])
         ms = _mean([r.get("step_time_s") for r in runs.values()])
         wall = _mean([r.get("train_wall_s") for r in runs.values()])
         seeds = ",".join(str(s) for s in sorted(runs))
-        val = f"{iv_v.mean:.4f}" + (f" ± {iv_v.sd:.4f}" if iv_v.sd is not None else "")
+        iv_v = mean_interval(vals) if vals else None
+        val = "—" if iv_v is None else f"{iv_v.mean:.4f}" + (
+            f" ± {iv_v.sd:.4f}" if iv_v.sd is not None else "")
+        if diverged:
+            val += f" ({diverged} diverged)"
         if v == BASELINE:
             gap = interval = half = "—"
         elif gaps.get(v):
@@ -158,7 +168,7 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]]) -> str:
                 interval = f"[{_pct(iv.mean - iv.half_width)}, {_pct(iv.mean + iv.half_width)}]"
                 half = f"±{iv.half_width * 100:.2f} pp" + (" **too wide**" if iv.wide else "")
         else:
-            gap, interval, half = "no BF16 run of these seeds yet", "—", "—"
+            gap, interval, half = "no finished pair with BF16 yet", "—", "—"
         lines.append(f"| {v} | {seeds} | {val} | {_fmt(bf, '.4f')} | {gap} | {interval} | "
                      f"{half} | {_fmt(ms and ms * 1e3, '.1f')} | {_fmt(wall, '.0f')} |")
     return "\n".join(lines)

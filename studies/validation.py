@@ -805,6 +805,7 @@ def run_study(
         except TooLong as e:
             print(f"SKIPPED {unit.name}: {e}", flush=True)
             continue
+        out.state = None  # the parameters are in the result or the checkpoint: free them
         outcomes.append(out)
         if out.finished:
             r = out.result

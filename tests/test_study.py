@@ -154,9 +154,10 @@ def _fake_result(spec, variant, seed, val):
 
 def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
-    gives them, flags the wide one, draws the figures; with no results it says so."""
+    gives them, flags the wide one, reports a diverged run apart, draws the figures; with
+    no results it says so."""
     spec = dataclasses.replace(validation.STUDIES["hybrid"], name="fake",
-                               variants=("bf16", "paper", "no_sr"), seeds=SEEDS)
+                               variants=("bf16", "paper", "no_sr", "all_nvfp4"), seeds=SEEDS)
     res = tmp_path / "results"
     res.mkdir()
     for s in SEEDS:
@@ -164,13 +165,17 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
                                                   for v in GAPS]:
             r = _fake_result(spec, v, s, val)
             (res / f"{r['unit']}.json").write_text(json.dumps(r))
+    r = _fake_result(spec, "all_nvfp4", 0, float("nan"))
+    r["health"] = {"nonfinite_train_losses": 3, "final_val_finite": False}
+    (res / f"{r['unit']}.json").write_text(json.dumps(r))
     empty = dataclasses.replace(spec, name="empty")
     doc = tmp_path / "docs" / "STUDY.md"
     text = study_report.write_report([spec, empty], {"fake": res, "empty": tmp_path / "none"},
                                      doc, tmp_path / "docs" / "study", command="report")
     assert doc.read_text() == text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper", "no_sr")}
+            if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper",
+                                                                         "no_sr")}
     paper = study_report.mean_interval(list(GAPS["paper"].values()))
     assert "+1.60% (n=3)" in rows["paper"] and f"±{paper.half_width * 100:.2f} pp" in rows[
         "paper"]
@@ -182,9 +187,11 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     assert figs == ["fake-python-tpp10-curves.png", "fake-python-tpp10-gaps.png",
                     "fake-python-tpp10-health.png"]
     assert "](study/fake-python-tpp10-gaps.png)" in text
-    assert "No divergence: all 9 finished units" in text and "2.00e-02 → 4.00e-02" in text
+    assert "| all_nvfp4 | 0 | — (1 diverged) | — | no finished pair with BF16" in text
+    assert "**python-tpp10-all_nvfp4-s0**: 3 non-finite training losses" in text
+    assert "2.00e-02 → 4.00e-02" in text
     empty_section = text[text.index("## empty"):text.index("## How to run")]
-    assert "**No results yet**: none of the 9 units" in empty_section
+    assert "**No results yet**: none of the 12 units" in empty_section
     assert "| " not in empty_section  # no table, no number from nowhere
 
 
