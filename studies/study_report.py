@@ -410,8 +410,8 @@ HOW_TO_RUN = """\
 ## How to run a study in device calls
 
 Each unit (one variant, seed, corpus and length) trains through the examples' training
-loop, checkpointing as it goes; a call trains unfinished units in a fixed order (corpus,
-length, variant, seeds in a row) until its budget is spent and writes
+loop, checkpointing as it goes; a call trains unfinished units in a fixed order (length,
+variant, corpus, seed: a variant's units in a row) until its budget is spent and writes
 `studies/results/STUDY/UNIT.json` for each finished one. Commit those. A call (keep the
 budget about a minute under the call's limit):
 

@@ -9,7 +9,8 @@ A study (`StudySpec`, the named ones in `STUDIES`) is a grid of **units**: one t
 run of one recipe variant (`Variant`, `VARIANTS`) with one seed on one corpus at one
 length (tokens per parameter). A seed fixes the initialization, the data order and the
 SR keys, so the same seed under two variants is a paired comparison. Units run in a
-fixed order (corpus, length, variant, seed), each through the examples' own training
+fixed order (length, variant, corpus, seed: a variant's units in a row share its
+compiled programs), each through the examples' own training
 loop (`train_llama.Trainer`, `train_llama.train`), which checkpoints with
 `fp4jax.checkpoint` and resumes bit for bit: the state holds the run key and the step,
 batch ``i`` depends only on ``(seed, i)``, SR keys on ``(key, step)``.
@@ -23,10 +24,11 @@ JSON files are the results: commit them. The working files (checkpoints, metrics
 compilation) live under ``<results>/work`` and are not committed.
 
 Device calls start on a fresh machine unless the previous call ended moments before, so
-``run --handoff DIR`` also writes into ``DIR`` (the device tool's ``$OUT``) the results
-and, if small enough, the checkpoint of a unit cut off by the budget; ``unpack`` puts
-them back here (results into the study's folder, the checkpoint into
-``studies/handoff/``, which the next call carries and ``run --resume-from`` reads).
+``run --handoff DIR`` also writes into ``DIR`` (the device tool's ``$OUT``) the results,
+the checkpoint of a unit cut off by the budget if small enough, and the newest
+compilation-cache entries that fit; ``unpack`` puts them back here (results into the
+study's folder, the rest into ``studies/handoff/``, which the next call carries and
+``run --resume-from`` reads).
 docs/STUDY.md says how to run each study in device calls.
 """
 
@@ -244,9 +246,10 @@ class StudySpec:
         return max(1, round(tokens_per_param * self.params / (self.batch * self.seq)))
 
     def units(self) -> list[Unit]:
-        """Every unit, in the order `run` takes them (corpus, length, variant, seed)."""
-        return [Unit(c, float(t), v, s) for c in self.corpora for t in self.tokens_per_param
-                for v in self.variants for s in self.seeds]
+        """Every unit, in the order `run` takes them: length, variant, corpus, seed (the
+        compiled steps depend on the variant only, so its units in a row compile once)."""
+        return [Unit(c, float(t), v, s) for t in self.tokens_per_param for v in self.variants
+                for c in self.corpora for s in self.seeds]
 
     def model_config(self, dtype: str = "auto") -> tl.ModelConfig:
         """The model at a compute dtype (``auto``: BF16 on accelerators, float32 on CPU)."""
