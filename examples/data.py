@@ -9,6 +9,16 @@ byte between files, and tokenized as bytes (vocabulary 256). ``roots=[DIR]`` (CL
 ``--data DIR``) uses any other text tree: every file that has no NUL byte in its
 content.
 
+``prose=True`` gives a second corpus of another kind from the same files: their
+English prose (`prose_blocks`: docstrings and other triple-quoted strings, runs of
+whole-line comments). Files are taken in the order of their content hash; a block
+already seen in an earlier file is dropped (licence headers, repeated boilerplate); a
+file's remaining blocks, blank lines between them, make one document; documents are
+then deduplicated, split and ordered by their own hash as files are. It is about a
+fifth of the Python corpus: on the CPython 3.13 used to develop it (with the project's
+virtual environment), 7,061 distinct ``.py`` files (126.8 MB) give 6,069 documents
+(28.3 MB).
+
 `Batches` serves training windows in a seeded random order without repetition
 within an epoch, so two runs with the same seed see the same data in the same
 order, and `Batches.epochs` says how much of the corpus was consumed.
@@ -22,6 +32,7 @@ import dataclasses
 import hashlib
 import os
 import queue
+import re
 import sysconfig
 import threading
 import time
@@ -48,6 +59,51 @@ def default_roots() -> list[str]:
     return roots
 
 
+PROSE_BLOCK = re.compile(
+    rb'("""|\'\'\')(.*?)\1'  # a triple-quoted string (docstrings)
+    rb"|(?m:(?:^[ \t]*#[^\n]*(?:\n|\Z))+)",  # consecutive whole-line comments
+    re.S,
+)
+_COMMENT_MARK = re.compile(rb"(?m)^[ \t]*#[ \t]?")
+
+
+def prose_blocks(source: bytes, *, min_words: int = 3) -> list[bytes]:
+    r"""The prose of a Python file: each triple-quoted string and each run of whole-line
+    comments, lines stripped of indentation (and of the ``#``), blocks of fewer than
+    ``min_words`` words dropped. One left-to-right regex scan: a ``#`` line inside a
+    docstring belongs to the docstring; comments after code on a line are not read.
+
+    Example:
+      >>> src = b"def f(x):\n    '''Add one to x.'''\n    # the usual way,\n    # no more\n"
+      >>> prose_blocks(src + b"    return x + 1  # not read\n")
+      [b'Add one to x.', b'the usual way,\nno more']
+    """
+    out = []
+    for m in PROSE_BLOCK.finditer(source):
+        text = m.group(2) if m.group(1) else _COMMENT_MARK.sub(b"", m.group(0))
+        text = b"\n".join(line.strip() for line in text.splitlines()).strip()
+        if len(text.split()) >= min_words:
+            out.append(text)
+    return out
+
+
+def _prose_documents(docs: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """``{digest: file}`` -> ``{digest: prose document}`` (see the module docstring)."""
+    seen: set[bytes] = set()
+    out: dict[bytes, bytes] = {}
+    for digest in sorted(docs):
+        fresh = []
+        for block in prose_blocks(docs[digest]):
+            h = hashlib.sha256(block).digest()
+            if h not in seen:
+                seen.add(h)
+                fresh.append(block)
+        if fresh:
+            doc = b"\n\n".join(fresh)
+            out.setdefault(hashlib.sha256(doc).digest(), doc)
+    return out
+
+
 def _iter_files(roots: Sequence[str], suffix: str | None):
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
@@ -69,6 +125,7 @@ class Corpus:
       files_val: number of distinct validation files.
       duplicates: files skipped because their content was already seen.
       seconds: time spent loading.
+      prose: the streams hold the files' prose (`prose_blocks`), not the files.
     """
 
     train: np.ndarray
@@ -78,11 +135,13 @@ class Corpus:
     files_val: int
     duplicates: int
     seconds: float
+    prose: bool = False
 
     def describe(self) -> str:
         """One line: sizes and file counts."""
+        kind = " (prose of the files)" if self.prose else ""
         return (
-            f"corpus: {len(self.train) / 1e6:.1f} MB train ({self.files_train} files), "
+            f"corpus{kind}: {len(self.train) / 1e6:.1f} MB train ({self.files_train} files), "
             f"{len(self.val) / 1e6:.1f} MB val ({self.files_val} files), "
             f"{self.duplicates} duplicates dropped, loaded in {self.seconds:.1f}s from "
             f"{', '.join(self.roots)}"
@@ -95,6 +154,7 @@ def load_corpus(
     val_fraction: float = 0.02,
     suffix: str | None = ".py",
     max_file_bytes: int = 4_000_000,
+    prose: bool = False,
 ) -> Corpus:
     """Reads, deduplicates and splits a text tree.
 
@@ -104,6 +164,8 @@ def load_corpus(
       suffix: only files ending with this (None: all files). Files containing a NUL
         byte (binary files) are always skipped.
       max_file_bytes: skip larger files (generated tables, vendored blobs).
+      prose: the files' English prose instead of the files (`prose_blocks`; the
+        module docstring says how it is deduplicated); ``files_*`` then count documents.
 
     Returns:
       A `Corpus`.
@@ -134,6 +196,8 @@ def load_corpus(
         docs[digest] = data
     if not docs:
         raise ValueError(f"no usable files under {roots}")
+    if prose:
+        docs = _prose_documents(docs)
     threshold = int(val_fraction * 2**64)
     train, val = [], []
     for digest in sorted(docs):
@@ -146,7 +210,7 @@ def load_corpus(
     return Corpus(
         train=as_tokens(train), val=as_tokens(val), roots=tuple(roots),
         files_train=len(train), files_val=len(val), duplicates=dups,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0, prose=prose,
     )
 
 

@@ -1,0 +1,467 @@
+"""docs/STUDY.md and its figures from a study's committed JSON results (issue 12).
+
+    PYTHONPATH=. python studies/validation.py report      # every study in the report
+
+For each study, corpus and run length, per variant: the final validation loss (bits per
+byte) over seeds, and the relative gap to BF16 **paired by seed** (same seed = same
+initialization, data order and SR keys): ``gap_s = val_s / val_bf16_s - 1``, its mean and
+a 95% Student-t interval over the seeds (`mean_interval`). An interval wider than
+±`WIDE_PP` percentage points is flagged: the runs are too few or too short to resolve
+the gap. Figures (matplotlib, PNG): validation curves with seed bands and the gap to
+BF16 along training; gap bars with their intervals; quantization diagnostics along
+training. Every number in the document is read from the results; with none, the
+document says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+T_975 = {
+    1: 12.706204736, 2: 4.30265273, 3: 3.182446305, 4: 2.776445105, 5: 2.570581836,
+    6: 2.446911851, 7: 2.364624252, 8: 2.306004135, 9: 2.262157163, 10: 2.228138852,
+    11: 2.20098516, 12: 2.17881283, 13: 2.160368656, 14: 2.144786688, 15: 2.131449546,
+    16: 2.119905299, 17: 2.109815578, 18: 2.10092204, 19: 2.093024054, 20: 2.085963447,
+    21: 2.079613845, 22: 2.073873068, 23: 2.06865761, 24: 2.063898562, 25: 2.059538553,
+    26: 2.055529439, 27: 2.051830516, 28: 2.048407142, 29: 2.045229642, 30: 2.042272456,
+}
+"""Two-sided 95% quantiles of Student's t (the 0.975 quantile) by degrees of freedom."""
+
+WIDE_PP = 0.3
+"""An interval half-width above this many percentage points is too wide (issue 12)."""
+
+BASELINE = "bf16"
+
+
+def t_critical(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom.
+
+    Example:
+      >>> t_critical(2)
+      4.30265273
+    """
+    if df not in T_975:
+        raise ValueError(f"degrees of freedom must be 1..{max(T_975)} (seeds - 1), got {df}")
+    return T_975[df]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """Mean of ``n`` values with the half-width of its 95% t-interval (None for n < 2)."""
+
+    mean: float
+    half_width: float | None
+    n: int
+    sd: float | None
+
+    @property
+    def wide(self) -> bool:
+        """Wider than ±`WIDE_PP` percentage points (for relative gaps), or unknown."""
+        return self.half_width is None or self.half_width * 100 > WIDE_PP
+
+
+def mean_interval(values: Sequence[float]) -> Interval:
+    """Mean and 95% Student-t interval half-width ``t(0.975, n-1) · sd / √n``.
+
+    Example:
+      >>> iv = mean_interval([1.0, 2.0, 3.0])
+      >>> iv.mean, round(iv.half_width, 6)
+      (2.0, 2.484138)
+    """
+    x = np.asarray(values, np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"need one or more finite values, got {values!r}")
+    if x.size == 1:
+        return Interval(float(x[0]), None, 1, None)
+    sd = float(np.std(x, ddof=1))
+    return Interval(float(np.mean(x)), t_critical(x.size - 1) * sd / math.sqrt(x.size),
+                    int(x.size), sd)
+
+
+def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
+    """The finished units' JSON of a study, in the study's unit order."""
+    out = []
+    for unit in spec.units():
+        p = Path(results) / f"{unit.name}.json"
+        if p.exists():
+            out.append(json.loads(p.read_text()))
+    return out
+
+
+Group = tuple[str, float]
+"""(corpus, planned tokens per parameter)."""
+
+
+def by_group(results: list[dict[str, Any]]) -> dict[Group, dict[str, dict[int, dict]]]:
+    """``{(corpus, tokens/param): {variant: {seed: result}}}``."""
+    out: dict[Group, dict[str, dict[int, dict]]] = {}
+    for r in results:
+        g = (r["corpus"], r["tokens_per_param_planned"])
+        out.setdefault(g, {}).setdefault(r["variant"], {})[r["seed"]] = r
+    return out
+
+
+def _finite_val(r: dict[str, Any]) -> bool:
+    v = r.get("final_val_bpb")
+    return v is not None and math.isfinite(v)
+
+
+def paired_gaps(variants: dict[str, dict[int, dict]]) -> dict[str, dict[int, float]]:
+    """``{variant: {seed: val / val_bf16 - 1}}`` over the seeds both have finished with a
+    finite validation loss (a diverged run is reported apart, `divergence_lines`)."""
+    base = {s: r for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
+    return {v: {s: r["final_val_bpb"] / base[s]["final_val_bpb"] - 1.0
+                for s, r in sorted(runs.items()) if s in base and _finite_val(r)}
+            for v, runs in variants.items() if v != BASELINE}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.2f}%"
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def gap_table(spec: Any, variants: dict[str, dict[int, dict]]) -> str:
+    """The markdown table of one group: one row per variant."""
+    gaps = paired_gaps(variants)
+    head = ("| variant | seeds | val bpb (mean ± sd) | val bpb, BF16 forward | gap to BF16 "
+            "(paired mean) | 95% interval | half-width | ms/step | s/unit |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for v in spec.variants:
+        runs = variants.get(v)
+        if not runs:
+            lines.append(f"| {v} | 0 | not run yet | | | | | | |")
+            continue
+        vals = [r["final_val_bpb"] for r in runs.values() if _finite_val(r)]
+        diverged = len(runs) - len(vals)
+        bf = _mean([r.get("final_val_bpb_bf16_forward") for r in runs.values()])
+        ms = _mean([r.get("step_time_s") for r in runs.values()])
+        wall = _mean([r.get("train_wall_s") for r in runs.values()])
+        seeds = ",".join(str(s) for s in sorted(runs))
+        iv_v = mean_interval(vals) if vals else None
+        val = "—" if iv_v is None else f"{iv_v.mean:.4f}" + (
+            f" ± {iv_v.sd:.4f}" if iv_v.sd is not None else "")
+        if diverged:
+            val += f" ({diverged} diverged)"
+        if v == BASELINE:
+            gap = interval = half = "—"
+        elif gaps.get(v):
+            iv = mean_interval(list(gaps[v].values()))
+            gap = _pct(iv.mean) + f" (n={iv.n})"
+            if iv.half_width is None:
+                interval, half = "needs ≥ 2 seeds", "—"
+            else:
+                interval = f"[{_pct(iv.mean - iv.half_width)}, {_pct(iv.mean + iv.half_width)}]"
+                half = f"±{iv.half_width * 100:.2f} pp" + (" **too wide**" if iv.wide else "")
+        else:
+            gap, interval, half = "no finished pair with BF16 yet", "—", "—"
+        lines.append(f"| {v} | {seeds} | {val} | {_fmt(bf, '.4f')} | {gap} | {interval} | "
+                     f"{half} | {_fmt(ms and ms * 1e3, '.1f')} | {_fmt(wall, '.0f')} |")
+    return "\n".join(lines)
+
+
+def _plt():
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
+def curves_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
+                  path: Path) -> None:
+    """Validation bits per byte along training (mean over seeds, band: min–max) and the
+    paired gap to BF16 along training (mean, band: min–max over seeds)."""
+    plt = _plt()
+    fig, (ax, ax_gap) = plt.subplots(1, 2, figsize=(12, 4.5))
+    base = variants.get(BASELINE, {})
+    for v in order:
+        runs = variants.get(v)
+        if not runs:
+            continue
+        steps = sorted(set.intersection(*(set(p[0] for p in r["val_curve"])
+                                          for r in runs.values())))
+        if not steps:
+            continue
+        tokens = np.array([next(p[1] for p in next(iter(runs.values()))["val_curve"]
+                                if p[0] == s) for s in steps]) / 1e6
+        y = np.array([[dict((p[0], p[2]) for p in r["val_curve"])[s] for s in steps]
+                      for r in runs.values()])
+        (line,) = ax.plot(tokens, y.mean(0), label=f"{v} ({len(runs)} seeds)")
+        ax.fill_between(tokens, y.min(0), y.max(0), color=line.get_color(), alpha=0.2)
+        paired = [s for s in runs if s in base]
+        if v != BASELINE and paired:
+            b = {s: dict((p[0], p[2]) for p in base[s]["val_curve"]) for s in paired}
+            ok = [t for t in steps if all(t in b[s] for s in paired)]
+            g = np.array([[dict((p[0], p[2]) for p in runs[s]["val_curve"])[t] / b[s][t] - 1
+                           for t in ok] for s in paired]) * 100
+            xt = np.array([tokens[steps.index(t)] for t in ok])
+            ax_gap.plot(xt, g.mean(0), color=line.get_color(), label=v)
+            ax_gap.fill_between(xt, g.min(0), g.max(0), color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="training tokens (M)", ylabel="validation bits per byte",
+           title=f"{title} (band: min–max over seeds)")
+    ax.legend(fontsize=8)
+    ax_gap.axhline(0.0, color="black", lw=0.8)
+    ax_gap.set(xlabel="training tokens (M)", ylabel="gap to BF16 (%), paired by seed",
+               title="gap along training (band: min–max over seeds)")
+    if ax_gap.lines[1:]:
+        ax_gap.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def gaps_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
+                path: Path) -> bool:
+    """Bars: mean paired gap to BF16 per variant, error bars: the 95% interval (none for
+    one seed). Returns False (no figure) when no variant has a paired gap."""
+    gaps = paired_gaps(variants)
+    rows = [(v, mean_interval(list(gaps[v].values()))) for v in order if gaps.get(v)]
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.5))
+    y = np.arange(len(rows))[::-1]
+    means = [iv.mean * 100 for _, iv in rows]
+    err = [iv.half_width * 100 if iv.half_width is not None else 0.0 for _, iv in rows]
+    ax.barh(y, means, xerr=err, capsize=4, color=["tab:red" if iv.wide else "tab:blue"
+                                                   for _, iv in rows])
+    ax.set_yticks(y, [f"{v} (n={iv.n})" for v, iv in rows])
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set(xlabel="validation-loss gap to BF16 (%), mean over seeds, 95% t-interval",
+           title=f"{title}\n(red: interval wider than ±{WIDE_PP} pp or one seed)")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+HEALTH_PANELS = (("w/flush_to_zero", "max", "weights flushed to zero (max over layers)"),
+                 ("x/flush_to_zero", "max", "inputs flushed to zero (max over layers)"),
+                 ("w/rel_error", "mean", "weight quantization error (mean over layers)"))
+
+
+def health_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
+                  path: Path) -> bool:
+    """Diagnostics along training for each run that recorded them. Returns False (no
+    figure) when none did."""
+    runs = [(v, s, r) for v in order for s, r in sorted(variants.get(v, {}).items())
+            if r.get("diagnostics")]
+    if not runs:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(HEALTH_PANELS), figsize=(5 * len(HEALTH_PANELS), 4))
+    tokens_per_step = next(iter(runs))[2]["tokens"] / next(iter(runs))[2]["steps"]
+    for v, s, r in runs:
+        for ax, (key, agg, _) in zip(axes, HEALTH_PANELS):
+            pts = [(d["step"] * tokens_per_step / 1e6, d["summary"][key][agg])
+                   for d in r["diagnostics"] if key in d["summary"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, label=f"{v} (seed {s})")
+    for ax, (_, _, label) in zip(axes, HEALTH_PANELS):
+        ax.set(xlabel="training tokens (M)", title=label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+DIAG_COLUMNS = ("w/flush_to_zero", "x/flush_to_zero", "w/underflow_blocks",
+                "x/underflow_blocks", "w/saturated_blocks", "x/saturated_blocks")
+
+
+def health_rows(results: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows: per unit with diagnostics, each statistic's maximum over the
+    quantized layers at the first and the last sample (``first → last``)."""
+    rows = []
+    for r in results:
+        d = r.get("diagnostics") or []
+        if not d:
+            continue
+        first, last = d[0]["summary"], d[-1]["summary"]
+        cells = []
+        for c in DIAG_COLUMNS:
+            a, b = first.get(c), last.get(c)
+            cells.append("—" if a is None or b is None
+                         else f"{a['max']:.2e} → {b['max']:.2e} ({b['max_layer']})")
+        err = last.get("w/rel_error")
+        rows.append(f"| {r['unit']} | {d[0]['step']} → {d[-1]['step']} ({len(d)}) | "
+                    + " | ".join(cells) + f" | {_fmt(err and err['mean'], '.4f')} |")
+    return rows
+
+
+def divergence_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The finished units whose training loss or final validation loss was not finite."""
+    bad = [r for r in results
+           if r["health"]["nonfinite_train_losses"] or not r["health"]["final_val_finite"]]
+    if not bad:
+        return [f"No divergence: all {len(results)} finished units kept finite training and "
+                "validation losses."]
+    return [f"- **{r['unit']}**: {r['health']['nonfinite_train_losses']} non-finite training "
+            f"losses, final validation loss {'finite' if r['health']['final_val_finite'] else
+                                             'not finite'}" for r in bad]
+
+
+def _link(path: Path, doc_dir: Path) -> str:
+    """``path`` as the document links it: relative to the document's folder if inside."""
+    path, doc_dir = path.resolve(), doc_dir.resolve()
+    return path.relative_to(doc_dir).as_posix() if path.is_relative_to(doc_dir) \
+        else path.as_posix()
+
+
+def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
+                  doc_dir: Path) -> str:
+    """The markdown section of one study (figures written under ``figures``)."""
+    n_units = len(spec.units())
+    lines = [f"## {spec.name}: {spec.title}", "",
+             f"Issue 12 items {spec.item}. Plan (from the study spec, not a result): "
+             f"{spec.describe()}; corpora {', '.join(spec.corpora)}; variants "
+             f"{', '.join(spec.variants)}; seeds {', '.join(map(str, spec.seeds))}.", ""]
+    if not results:
+        lines += [f"**No results yet**: none of the {n_units} units of this study has "
+                  f"finished (`python studies/validation.py plan {spec.name}` shows their "
+                  "state).", ""]
+        return "\n".join(lines)
+    lines += [f"{len(results)} of {n_units} units finished.", ""]
+    groups = by_group(results)
+    for (corpus, tpp), variants in groups.items():
+        any_r = next(r for runs in variants.values() for r in runs.values())
+        ci = any_r["corpus_info"]
+        lines += [
+            f"### {corpus} corpus, {tpp:g} tokens/param", "",
+            f"{any_r['model']}: {any_r['params']['total'] / 1e6:.2f}M parameters; "
+            f"{any_r['steps']} steps of {any_r['run_config']['batch']}×"
+            f"{any_r['run_config']['seq']} tokens = {any_r['tokens'] / 1e6:.1f}M tokens = "
+            f"{any_r['tokens_per_param']:.2f} tokens/param = {any_r['epochs']:.3f} epochs of "
+            f"{ci['train_bytes'] / 1e6:.1f} MB ({ci['files_train']} "
+            f"{'documents' if ci['prose'] else 'files'}); validation {ci['val_bytes'] / 1e6:.2f}"
+            f" MB; device {any_r['segments'][-1]['environment']['device']}, jax "
+            f"{any_r['segments'][-1]['environment']['jax']}.", "",
+            gap_table(spec, variants), "",
+        ]
+        stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
+        curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
+                      figures / f"{stem}-curves.png")
+        lines += [f"![validation curves]({_link(figures / f'{stem}-curves.png', doc_dir)})", ""]
+        if gaps_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
+                       figures / f"{stem}-gaps.png"):
+            lines += [f"![gaps to BF16]({_link(figures / f'{stem}-gaps.png', doc_dir)})", ""]
+        if health_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param: NVFP4 diagnostics",
+                         variants, spec.variants, figures / f"{stem}-health.png"):
+            lines += [f"![NVFP4 diagnostics]({_link(figures / f'{stem}-health.png', doc_dir)})",
+                      ""]
+    if len(spec.tokens_per_param) > 1:
+        lines += ["### Gap against run length", "",
+                  "| variant | " + " | ".join(f"{t:g} tokens/param" for t in
+                                              spec.tokens_per_param) + " |",
+                  "| --- |" + " --- |" * len(spec.tokens_per_param)]
+        for corpus in spec.corpora:
+            for v in spec.variants[1:]:
+                cells = []
+                for t in spec.tokens_per_param:
+                    g = paired_gaps(groups.get((corpus, t), {})).get(v)
+                    if not g:
+                        cells.append("—")
+                        continue
+                    iv = mean_interval(list(g.values()))
+                    cells.append(_pct(iv.mean) + (f" ± {iv.half_width * 100:.2f} pp"
+                                                  if iv.half_width is not None else "")
+                                 + f" (n={iv.n})")
+                lines.append(f"| {v} ({corpus}) | " + " | ".join(cells) + " |")
+        lines.append("")
+    health = health_rows(results)
+    lines += ["### Health along training (item 5)", "",
+              *divergence_lines(results), ""]
+    if health:
+        lines += ["Per-layer NVFP4 diagnostics of the forward GEMM operands "
+                  "(`fp4jax.diagnostics`), sampled along the runs that record them: the "
+                  "maximum over the quantized layers at the first and the last sample "
+                  "(the layer of that maximum); the last column is the mean relative "
+                  "quantization error of the weights at the last sample.", "",
+                  "| unit | steps (samples) | " + " | ".join(DIAG_COLUMNS)
+                  + " | w rel. error |",
+                  "| --- | --- |" + " --- |" * (len(DIAG_COLUMNS) + 1), *health, ""]
+    return "\n".join(lines)
+
+
+HOW_TO_RUN = """\
+## How to run a study in device calls
+
+Each unit (one variant, seed, corpus and length) trains through the examples' training
+loop, checkpointing as it goes; a call trains unfinished units in a fixed order (length,
+variant, corpus, seed: a variant's units in a row) until its budget is spent and writes
+`studies/results/STUDY/UNIT.json` for each finished one. Commit those. A call (keep the
+budget about a minute under the call's limit):
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 studies/validation.py run pure_llama \\
+        --budget-s 500 --handoff $OUT --resume-from studies/handoff
+
+Then, here, with the folder of files the call returned (`files_at`):
+
+    PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
+    git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
+
+and pass `carry=["studies/handoff"]` to the next call. What travels (`--handoff`): the
+results; the checkpoint of a unit the budget cut off, when it fits the tool's 64 MiB (the
+`long_data` model's does; a `pure_llama` or `hybrid` unit's does not and restarts:
+`run` starts a unit only when the time measured on an earlier unit of its kind fits
+what is left); and the newest entries of the persistent compilation cache
+(`studies/results/STUDY/work/jax_cache`), so that the next call skips compiling the
+variant it continues. Within a call the cache also serves the later seeds of a variant.
+
+First call on a machine: `plan pure_llama` prints the corpora as that interpreter has
+them and the epochs each run reads (the prose corpus is much smaller than the Python one;
+`run` skips a unit that would read a whole epoch). `--variants bf16,paper`,
+`--corpora python`, `--seeds 0` restrict a call; `report` regenerates this page from the
+committed results.
+"""
+
+
+def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures: Path,
+                 *, command: str) -> str:
+    """Writes ``doc`` (markdown) and the figures for ``specs`` from the results in
+    ``dirs[spec.name]``; returns the markdown."""
+    doc_dir = doc.parent
+    parts = [
+        "# Validation study: NVFP4 against BF16 (issue 12)", "",
+        f"Generated by `PYTHONPATH=. {command}` from the JSON results committed under "
+        "`studies/results/` (`studies/study_report.py`); regenerate it, do not edit it. "
+        "Every measured number below is read from those results; the lines marked as the "
+        "plan and the how-to at the end come from the study specs "
+        "(`studies/validation.py`).", "",
+        "The gap of a variant is its final validation loss relative to BF16's, paired by "
+        "seed (the same seed gives the same initialization, data order and SR keys): "
+        "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
+        f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. "
+        "Validation losses are in bits per byte (byte-level models).", "",
+    ]
+    for spec in specs:
+        parts.append(study_section(spec, load_results(spec, dirs[spec.name]), figures,
+                                   doc_dir))
+    parts.append(HOW_TO_RUN)
+    text = "\n".join(parts)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    return text

@@ -1,0 +1,235 @@
+"""studies/: the validation study's harness — resume, handoff, interval math, report, corpus."""
+
+import dataclasses
+import doctest
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+sys.path.insert(0, os.path.join(REPO, "studies"))
+
+import data  # noqa: E402
+import handoff  # noqa: E402
+import study_report  # noqa: E402
+import train_llama  # noqa: E402
+import validation  # noqa: E402
+from llama import LlamaConfig  # noqa: E402
+
+DOWN_ONLY = validation.Variant("down_only", "nvfp4",
+                              keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
+"""Recipe.nvfp4() (RHT, SR, 2D weights) on the MLP's down projection only: one NVFP4
+layer compiles in a few seconds on a CPU, seven take three times as long."""
+
+TINY = validation.StudySpec(
+    name="tiny", title="test", item="-", model=LlamaConfig(dim=64, layers=1, heads=2),
+    corpora=("python",), tokens_per_param=(0.003,), variants=("bf16", "down_only"),
+    seeds=(0,), batch=2, seq=16, evals=2, eval_batches=2, diag_samples=0, checkpoints=2,
+    eval_bf16_forward=False, custom_variants=(DOWN_ONLY,),
+)
+"""8 steps of a 1-block Llama with one NVFP4 layer."""
+
+
+def _corpus():
+    rng = np.random.default_rng(0)
+    return data.Corpus(train=rng.integers(0, 256, 6000).astype(np.uint8),
+                       val=rng.integers(0, 256, 600).astype(np.uint8), roots=(),
+                       files_train=1, files_val=1, duplicates=0, seconds=0.0)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
+    """NVFP4 (SR gradients) unit: 8 steps straight == 4 steps, checkpoint, handoff
+    (pack -> unpack -> carry -> restore into a fresh results folder), 4 more steps —
+    bitwise on every parameter, and the same validation curve, training curve and final
+    loss. Only a restored state reaches step 8: the cut-off call stops at 4."""
+    unit = validation.Unit("python", 0.003, "down_only", 0)
+    assert TINY.steps(unit.tokens_per_param) == 8
+    corpus = _corpus()
+    trainer = train_llama.Trainer(TINY.model_config(), TINY.run_config(unit), 8)
+    straight = validation.run_unit(TINY, unit, tmp_path / "a", corpus, trainer=trainer)
+    assert straight.finished and straight.steps == 8 and trainer.report is not None
+
+    cut = validation.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
+    assert not cut.finished and cut.steps == 4
+    assert not validation.result_path(tmp_path / "b", unit).exists()
+    cache = tmp_path / "cache"  # stands for the persistent compilation cache
+    (cache / "sub").mkdir(parents=True)
+    (cache / "jit_step-1-cache").write_bytes(b"x" * 3000)
+    (cache / "sub" / "autotune").write_bytes(b"y" * 10)
+    notes = validation.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
+    assert any("step 4" in n for n in notes) and any("2 of 2" in n for n in notes), notes
+    validation.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
+    assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == [
+        "cache-tiny.tar.part0", f"partial-tiny-{unit.name}-step4.tar.part0"]
+    notes = validation.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
+                                       tmp_path / "cache2")
+    assert len(notes) == 2 and (tmp_path / "cache2" / "sub" / "autotune").read_bytes() == b"y" * 10
+    resumed = validation.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
+    assert resumed.finished and resumed.steps == 8
+
+    a, c = _leaves(straight.state.params), _leaves(resumed.state.params)
+    assert all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    ra, rc = straight.result, resumed.result
+    assert ra["val_curve"] == rc["val_curve"] and [s for s, *_ in ra["val_curve"]] == [4, 8]
+    assert ra["train_curve"] == rc["train_curve"] and ra["final_val_bpb"] == rc["final_val_bpb"]
+    assert [(s["from"], s["to"]) for s in rc["segments"]] == [(0, 4), (4, 8)]
+    assert json.loads(validation.result_path(tmp_path / "c", unit).read_text())[
+        "final_val_bpb"] == rc["final_val_bpb"]
+    assert not (validation.work_dir(tmp_path / "c", unit) / "ckpt").exists()  # done: dropped
+    assert rc["quantized_layers"] == 1  # the property is checked on an NVFP4 run
+
+
+def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
+    """A unit whose estimate (from a finished seed of its variant) exceeds the time left
+    but fits a whole call is not started; the call ends without training anything."""
+    spec = dataclasses.replace(TINY, seeds=(0, 1))
+    done = validation.Unit("python", 0.003, "bf16", 0)
+    (tmp_path / f"{done.name}.json").write_text(json.dumps(
+        {"compile_s": 5.0, "train_wall_s": 45.0, "steps": 4, "final_val_bpb": 1.0}))
+    est = validation.estimate_s(spec, validation.Unit("python", 0.003, "bf16", 1), tmp_path)
+    assert est == 5.0 + 8 * 10.0
+    begun = time.perf_counter() - 50.0  # 40 s left: too few for 85, enough for a new call
+    out = validation.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
+                               corpora={"python": _corpus()}, t_begin=begun)
+    assert out == []
+
+
+def test_t_table_is_the_student_t_quantile():
+    """Each tabulated t(0.975, df) has CDF 0.975 (regularized incomplete beta from JAX:
+    an independent computation), and the 3-value interval matches the textbook value."""
+    for df, t in study_report.T_975.items():
+        x = df / (df + t * t)
+        cdf = 1.0 - 0.5 * float(jax.scipy.special.betainc(df / 2.0, 0.5, np.float64(x)))
+        assert abs(cdf - 0.975) < 1e-6, (df, cdf)
+    iv = study_report.mean_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.302653
+    assert iv.mean == 2.0 and iv.n == 3 and math.isclose(iv.half_width, 4.302653 / 3**0.5,
+                                                         rel_tol=1e-6)
+    assert study_report.mean_interval([0.5]).half_width is None
+    assert study_report.mean_interval([0.01, 0.0101, 0.0099]).wide is False  # ±0.025 pp
+    assert study_report.mean_interval([0.01, 0.02, 0.0]).wide is True
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        study_report.t_critical(31)
+    with pytest.raises(ValueError, match="finite"):
+        study_report.mean_interval([1.0, float("nan")])
+
+
+SEEDS = (0, 1, 2)
+BF16_VALS = {0: 2.00, 1: 2.02, 2: 1.98}
+GAPS = {"paper": {0: 0.0150, 1: 0.0160, 2: 0.0170}, "no_sr": {0: 0.01, 1: 0.05, 2: 0.03}}
+
+
+def _fake_result(spec, variant, seed, val):
+    """A result file with the fields the report reads (a test fixture, not a result)."""
+    unit = validation.Unit("python", 10.0, variant, seed)
+    diag = [{"step": s, "layers": 2, "summary": {
+        "w/flush_to_zero": {"mean": 0.01, "max": 0.02 * (i + 1), "max_layer": "blocks.0.mlp.up"},
+        "w/rel_error": {"mean": 0.1, "max": 0.12, "max_layer": "blocks.0.mlp.up"}}}
+        for i, s in enumerate((50, 100))] if variant != "bf16" and seed == 0 else []
+    return {
+        "study": spec.name, "unit": unit.name, "corpus": "python", "variant": variant,
+        "seed": seed, "tokens_per_param_planned": 10.0, "tokens_per_param": 10.0,
+        "steps": 100, "tokens": 100 * 64 * 512, "epochs": 0.25, "model": "Llama tiny",
+        "params": {"total": 3_276_800}, "run_config": {"batch": 64, "seq": 512},
+        "corpus_info": {"train_bytes": 10**8, "val_bytes": 10**6, "files_train": 10,
+                        "prose": False},
+        "val_curve": [[50, 50 * 32768, val + 0.5], [100, 100 * 32768, val]],
+        "final_val_bpb": val, "final_val_bpb_bf16_forward": None, "step_time_s": 0.05,
+        "train_wall_s": 9.0, "diagnostics": diag,
+        "health": {"nonfinite_train_losses": 0, "final_val_finite": True},
+        "segments": [{"environment": {"device": "fake", "jax": "0"}}],
+    }
+
+
+def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
+    """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
+    gives them, flags the wide one, reports a diverged run apart, draws the figures; with
+    no results it says so."""
+    spec = dataclasses.replace(validation.STUDIES["hybrid"], name="fake",
+                               variants=("bf16", "paper", "no_sr", "all_nvfp4"), seeds=SEEDS)
+    res = tmp_path / "results"
+    res.mkdir()
+    for s in SEEDS:
+        for v, val in [("bf16", BF16_VALS[s])] + [(v, BF16_VALS[s] * (1 + GAPS[v][s]))
+                                                  for v in GAPS]:
+            r = _fake_result(spec, v, s, val)
+            (res / f"{r['unit']}.json").write_text(json.dumps(r))
+    r = _fake_result(spec, "all_nvfp4", 0, float("nan"))
+    r["health"] = {"nonfinite_train_losses": 3, "final_val_finite": False}
+    (res / f"{r['unit']}.json").write_text(json.dumps(r))
+    empty = dataclasses.replace(spec, name="empty")
+    doc = tmp_path / "docs" / "STUDY.md"
+    text = study_report.write_report([spec, empty], {"fake": res, "empty": tmp_path / "none"},
+                                     doc, tmp_path / "docs" / "study", command="report")
+    assert doc.read_text() == text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper",
+                                                                         "no_sr")}
+    paper = study_report.mean_interval(list(GAPS["paper"].values()))
+    assert "+1.60% (n=3)" in rows["paper"] and f"±{paper.half_width * 100:.2f} pp" in rows[
+        "paper"]
+    lo, hi = paper.mean - paper.half_width, paper.mean + paper.half_width
+    assert f"[{lo * 100:+.2f}%, {hi * 100:+.2f}%]" in rows["paper"]
+    assert "too wide" not in rows["paper"] and "too wide" in rows["no_sr"]
+    assert "+3.00% (n=3)" in rows["no_sr"] and "2.0000 ± 0.0200" in rows["bf16"]
+    figs = sorted(p.name for p in (tmp_path / "docs" / "study").iterdir())
+    assert figs == ["fake-python-tpp10-curves.png", "fake-python-tpp10-gaps.png",
+                    "fake-python-tpp10-health.png"]
+    assert "](study/fake-python-tpp10-gaps.png)" in text
+    assert "| all_nvfp4 | 0 | — (1 diverged) | — | no finished pair with BF16" in text
+    assert "**python-tpp10-all_nvfp4-s0**: 3 non-finite training losses" in text
+    assert "2.00e-02 → 4.00e-02" in text
+    empty_section = text[text.index("## empty"):text.index("## How to run")]
+    assert "**No results yet**: none of the 12 units" in empty_section
+    assert "| " not in empty_section  # no table, no number from nowhere
+
+
+def _py(body_doc, extra=""):
+    licence = "# Copyright the authors.\n# Licensed under the same licence as everything.\n"
+    return f'{licence}"""{body_doc}"""\n\nimport os\n\n\ndef f(x):\n{extra}    return x\n'
+
+
+def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
+    """The prose corpus holds the docstrings and comment runs, not the code; a block seen
+    in another file (the licence header) appears once; the split is by content hash, so
+    the same files under other names and folders give the same streams."""
+    src = tmp_path / "a"
+    (src / "pkg").mkdir(parents=True)
+    for i in range(30):
+        extra = f"    # step {i}: add nothing to the value\n" if i % 2 else ""
+        (src / "pkg" / f"m{i}.py").write_text(_py(f"Module {i} does thing number {i}.", extra))
+    c = data.load_corpus([str(src)], val_fraction=0.25, prose=True)
+    text = bytes(c.train).decode() + "\0" + bytes(c.val).decode()
+    assert c.prose and "prose of the files" in c.describe()
+    assert text.count("Licensed under the same licence") == 1
+    assert "import os" not in text and "return x" not in text and "def f" not in text
+    assert all(f"Module {i} does thing number {i}." in text for i in range(30))
+    assert "step 7: add nothing to the value" in text
+    assert c.files_train + c.files_val == 30
+    shutil.copytree(src, tmp_path / "b" / "other" / "names")
+    c2 = data.load_corpus([str(tmp_path / "b")], val_fraction=0.25, prose=True)
+    assert np.array_equal(c.train, c2.train) and np.array_equal(c.val, c2.val)
+    plain = data.load_corpus([str(src)], val_fraction=0.25)
+    assert b"import os" in bytes(plain.train) + bytes(plain.val)
+
+
+def test_docstring_examples_of_the_study_modules_run():
+    for mod in (validation, study_report, handoff):
+        failed, tried = doctest.testmod(mod, verbose=False)
+        assert tried > 0 and failed == 0, mod.__name__
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for t in finder.find(data.prose_blocks, "prose_blocks", globs=dict(vars(data))):
+        runner.run(t)
+    assert runner.failures == 0 and runner.tries > 0
