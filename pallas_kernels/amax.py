@@ -149,13 +149,14 @@ def finite_amax_xla(x2: jax.Array, hadamard: bool, signs, axis: int) -> jax.Arra
 
 
 def scales_from(given, computed, fallback):
-    """(stored-amax function, gds, mult) exactly as the reference quantize derives them.
+    """(stored-amax function, finite amax) exactly as the reference quantize derives them.
 
     ``given``: the caller's amax or None; ``computed``: a thunk giving (finite amax,
     poisoned) from the amax pass; ``fallback``: a thunk giving the finite amax in XLA,
     evaluated only (``lax.cond``) when ``given`` is not finite. The returned function
     maps the quantize kernel's poison flag (used when ``given`` is not None) to the
-    stored amax (NaN when poisoned).
+    stored amax (NaN when poisoned). `global_scales` turns the finite amaxes of a
+    launch's outputs into their scales.
     """
     if given is None:
         amax_x, poisoned = computed()
@@ -164,12 +165,20 @@ def scales_from(given, computed, fallback):
         ok = jnp.isfinite(given)
         amax_x = lax.cond(ok, lambda: given, fallback)
         poisoned = None
-    ges = scales.global_encode_scale(amax_x)
-    gds = rnd.div_rn(np.float32(1.0), ges)
-    mult = ges * INV_E2M1_MAX
 
     def stored(kernel_poisoned):
         p = poisoned if poisoned is not None else kernel_poisoned | ~ok
         return jnp.where(p, np.float32(np.nan), amax_x).astype(_F32)
 
-    return stored, gds, mult
+    return stored, amax_x
+
+
+def global_scales(amaxes):
+    """``(gds, mult)`` of each finite amax in ``amaxes`` (float32[n]), as the reference.
+
+    One vectorized pass: each correctly rounded division (`fp4jax.numerics.rounding.div_rn`)
+    is a large part of a quantized step's program, so a launch with two outputs divides
+    once for both rather than once each.
+    """
+    ges = scales.global_encode_scale(jnp.stack(amaxes).astype(_F32))
+    return rnd.div_rn(np.float32(1.0), ges), ges * INV_E2M1_MAX

@@ -96,7 +96,8 @@ OVERFLOW = {jnp.dtype(jnp.bfloat16): np.float32(np.uint32(0x7F7F8000).view(np.fl
 
 
 def mantissa_recips(gds: jax.Array) -> jax.Array:
-    """``fl(1 / fl((1 + m/8) · gds))`` for ``m = 0..7``: float32[8], correctly rounded.
+    """``fl(1 / fl((1 + m/8) · gds))`` for ``m = 0..7`` along a new last axis, correctly
+    rounded: float32[8] for a scalar ``gds``, ``gds.shape[:-1] + (8,)`` for ``(..., 1)``.
 
     Computed outside the kernel (`fp4jax.numerics.scales.block_encode_scale`, an integer
     division exact on every backend); `encode_scale` scales them by powers of two.

@@ -267,8 +267,15 @@ SCALE_PARAMS = 10
 
 
 def scale_params(gds: jax.Array, mult: jax.Array) -> jax.Array:
-    """The ``SCALE_PARAMS`` float32 kernel parameters of one output (see `run_quantize`)."""
-    return jnp.concatenate([jnp.stack([gds, mult]).astype(_F32), bits.mantissa_recips(gds)])
+    """The ``SCALE_PARAMS`` float32 kernel parameters of each output (see `run_quantize`).
+
+    ``gds`` and ``mult`` hold one value per output (float32[n]); the result is the ``n``
+    outputs' parameters one after the other (float32[n * SCALE_PARAMS]), the reciprocals
+    of all outputs from one vectorized division.
+    """
+    recips = bits.mantissa_recips(gds[:, None])  # (n, 8)
+    return jnp.concatenate([jnp.stack([gds, mult], axis=1).astype(_F32), recips],
+                           axis=1).reshape(-1)
 
 
 def _read_scale_params(fparams, n: int):

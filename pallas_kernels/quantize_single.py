@@ -183,9 +183,9 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
         plain, rot = amax_pass.run_amax(xk, out.hadamard, signs, config, interpret)
         return rot if out.hadamard else plain
 
-    stored, gds, mult = amax_pass.scales_from(
+    stored, amax_x = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.concatenate([engines.scale_params(gds, mult)] * 2)
+    fp = jnp.tile(engines.scale_params(*amax_pass.global_scales([amax_x])), 2)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)

@@ -69,14 +69,13 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     if row_amax is None or col_amax is None:  # one pass for both
         res = [amax_pass.run_amax(x, True, hadamard_signs, config, interpret)]
 
-    stored_r, gds_r, mult_r = amax_pass.scales_from(
+    stored_r, amax_r = amax_pass.scales_from(
         row_amax, lambda: res[0][0],
         lambda: amax_pass.finite_amax_xla(x, False, hadamard_signs, 0))
-    stored_c, gds_c, mult_c = amax_pass.scales_from(
+    stored_c, amax_c = amax_pass.scales_from(
         col_amax, lambda: res[0][1],
         lambda: amax_pass.finite_amax_xla(x, True, hadamard_signs, 0))
-    fp = jnp.concatenate([engines.scale_params(gds_r, mult_r),
-                          engines.scale_params(gds_c, mult_c)])
+    fp = engines.scale_params(*amax_pass.global_scales([amax_r, amax_c]))
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
     # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
     row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),
