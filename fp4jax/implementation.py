@@ -393,6 +393,7 @@ def matmul(
     impl: Impl = "xla",
     lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
     out_sharding: Any = None,
+    output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """Multiplies two NVFP4 tensors: ``lhs (..., M, K) @ rhs (..., K, N)``.
 
@@ -412,6 +413,9 @@ def matmul(
         orientation. Results do not depend on it.
       out_sharding: the output's sharding (a `PartitionSpec` under an explicit mesh), as
         in `jax.lax.dot_general`; needed when the contraction is sharded.
+      output_scale: the accumulator's factor ``fl(gds_lhs · gds_rhs)`` if already
+        computed (`fp4jax.numerics.scales.output_scales`, several GEMMs in one pass);
+        by default computed from the operands' amaxes. A wrong value scales the result.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -448,9 +452,12 @@ def matmul(
     if backend == "pallas":
         from pallas_kernels import gemm
 
-        return gemm.matmul(lhs, rhs, preferred_element_type=out_dtype, lhs_from_mT=lhs_from_mT)
+        return gemm.matmul(lhs, rhs, preferred_element_type=out_dtype, lhs_from_mT=lhs_from_mT,
+                           output_scale=output_scale)
     if backend == "native":
-        return native_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype)
+        return native_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
+                                  output_scale=output_scale)
     return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
                                  out_sharding=out_sharding, lhs_from_mT=lhs_from_mT,
-                                 single_device=mesh_reason(lhs, rhs) is None)
+                                 single_device=mesh_reason(lhs, rhs) is None,
+                                 output_scale=output_scale)

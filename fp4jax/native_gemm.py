@@ -50,19 +50,20 @@ def _k_major(q: NVFP4Array, k_axis: int) -> tuple[jax.Array, jax.Array]:
 
 
 def matmul(
-    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
+    output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` through `jax.nn.scaled_matmul`.
 
     Same contract as `fp4jax.reference.gemm.matmul`; the result agrees with it up to
-    float32 summation order.
+    float32 summation order. ``output_scale``: as there.
     """
     checks.check_gemm_operands(lhs, rhs)
-    return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type))
+    return _matmul(lhs, rhs, output_scale, out_dtype=jnp.dtype(preferred_element_type))
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype",))
-def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, output_scale=None, *, out_dtype) -> jax.Array:
     a, sa = _k_major(lhs, lhs.ndim - 1)
     b, sb = _k_major(rhs, rhs.ndim - 2)
     if a.shape[-1] != b.shape[-1]:
@@ -76,4 +77,6 @@ def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype) -> jax.Array:
         flat(a), flat(b), flat(sa), flat(sb), preferred_element_type=jnp.float32
     )
     acc = acc.reshape(*batch, *acc.shape[-2:])
-    return (acc * scales.output_scale(lhs.amax, rhs.amax)).astype(out_dtype)
+    if output_scale is None:
+        output_scale = scales.output_scale(lhs.amax, rhs.amax)
+    return (acc * output_scale).astype(out_dtype)

@@ -27,7 +27,7 @@ from jax import lax
 
 from fp4jax import implementation, weight_gather
 from fp4jax.implementation import Impl
-from fp4jax.numerics import checks, layout, random_bits
+from fp4jax.numerics import checks, layout, random_bits, scales
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 from fp4jax.weight_gather import FP4Gather
@@ -280,11 +280,13 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
             quantize_operand(x, 1, col_op, key, col_role, recipe, impl, derived_key=col_key))
 
 
-def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False) -> jax.Array:  # noqa: N803
+def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False,  # noqa: N803
+         output_scale=None) -> jax.Array:
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
     if isinstance(a, NVFP4Array):
         return implementation.matmul(a, b, preferred_element_type=jnp.float32, impl=impl,
-                                     lhs_from_mT=lhs_from_mT, out_sharding=out_sharding)
+                                     lhs_from_mT=lhs_from_mT, out_sharding=out_sharding,
+                                     output_scale=output_scale)
     return lax.dot_general(
         a, b, (((2,), (1,)), ((0,), (0,))), precision=precision,
         preferred_element_type=jnp.float32, out_sharding=out_sharding,
@@ -377,16 +379,24 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, 
             if r.dgrad_grad.quantized else None
         qg_col = quantize_operand(gc, 1, r.wgrad_grad, key, "wgrad_grad", r, impl) \
             if r.wgrad_grad.quantized else None
+    out_scales = [None, None]
+    if (r.dgrad_grad.quantized and r.wgrad_grad.quantized and isinstance(w_res, NVFP4Array)
+            and isinstance(x_res, NVFP4Array)):
+        # Both GEMMs' output scales in one pass of the divisions (program size).
+        out_scales = scales.output_scales([(qg_row.amax, w_res.amax),
+                                           (x_res.amax, qg_col.amax)])
     # dgrad: dX = dY W^T, contracting N.
     if r.dgrad_grad.quantized:
-        da = _bmm(qg_row, w_res.mT, precision, impl, shardings.dgrad)
+        da = _bmm(qg_row, w_res.mT, precision, impl, shardings.dgrad,
+                  output_scale=out_scales[0])
     else:
         da = _bmm(gc, jnp.swapaxes(w_res, 1, 2), precision, impl, shardings.dgrad)
     if gather is not None:
         da = gather.last_dim_as(da, 1)
     # wgrad: dW = X^T dY, contracting tokens.
     if r.wgrad_grad.quantized:
-        db = _bmm(x_res.mT, qg_col, precision, impl, shardings.wgrad, lhs_from_mT=True)
+        db = _bmm(x_res.mT, qg_col, precision, impl, shardings.wgrad, lhs_from_mT=True,
+                  output_scale=out_scales[1])
     else:
         db = _bmm(jnp.swapaxes(x_res, 1, 2), gc, precision, impl, shardings.wgrad)
     if gather is not None and not gather.explicit:  # dW sharded like W: a reduce-scatter

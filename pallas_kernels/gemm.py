@@ -134,6 +134,7 @@ def matmul(
     lhs_from_mT: bool = False,  # mirrors NVFP4Array.mT
     config: TuningConfig | None = None,
     interpret: bool = False,
+    output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """NVFP4 GEMM on Hopper: ``lhs (..., M, K) @ rhs (..., K, N)`` with in-kernel decode.
 
@@ -162,6 +163,8 @@ def matmul(
         its rows (see above).
       config: a `TuningConfig`; default `default_config(M, N, K)`.
       interpret: run in Mosaic GPU interpret mode (CPU; for tests).
+      output_scale: ``fl(gds_lhs · gds_rhs)`` if the caller has it
+        (`fp4jax.numerics.scales.output_scales`); computed from the amaxes otherwise.
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -231,7 +234,9 @@ def matmul(
     subnormal = cfg.decode == "subnormal" and not interpret
     lhs_s = dec.scale_factors(lhs_s, subnormal=subnormal)
     rhs_s = dec.scale_factors(rhs_s, subnormal=subnormal)
-    out_scale = scales.output_scale(lhs.amax, rhs.amax).astype(jnp.float32).reshape(1)
+    if output_scale is None:
+        output_scale = scales.output_scale(lhs.amax, rhs.amax)
+    out_scale = jnp.asarray(output_scale, jnp.float32).reshape(1)
     p = gemm_kernel.Problem(b, m_pad, n, k_pad, lhs_from_mT, rhs_cols, out_dtype)
     out = gemm_kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
     if cfg.k_splits > 1:

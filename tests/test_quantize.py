@@ -565,3 +565,16 @@ def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
         assert got.shape == want.shape == q.shape
         np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
                                       np.asarray(want).view(np.uint16))
+
+
+def test_batched_output_scales_equal_one_pair_at_a_time():
+    """`scales.output_scales` (the backward's two GEMMs in one pass of the divisions)
+    gives each pair's `scales.output_scale` bit for bit: zero, subnormal, huge and NaN
+    amaxes included."""
+    from fp4jax.numerics import scales
+
+    amaxes = np.array([0.0, 1e-40, 3.5, 2688.0, 3.0e38, np.nan, 7.25, 1e-3], np.float32)
+    pairs = [(amaxes[i], amaxes[j]) for i in range(8) for j in (0, 3, 5, 7)]
+    batched = np.asarray(jax.jit(scales.output_scales)(pairs))
+    single = np.array([np.asarray(jax.jit(scales.output_scale)(a, b)) for a, b in pairs])
+    np.testing.assert_array_equal(batched.view(np.uint32), single.view(np.uint32))

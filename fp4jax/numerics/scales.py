@@ -7,6 +7,7 @@ bits on CPU and GPU, in the reference and in the kernels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import jax
@@ -149,10 +150,24 @@ def output_scale(lhs_amax: jax.Array, rhs_amax: jax.Array) -> jax.Array:
       >>> float(output_scale(2688.0, 5376.0))
       2.0
     """
-    lhs_amax, rhs_amax = jnp.broadcast_arrays(jnp.asarray(lhs_amax, _F32),
-                                              jnp.asarray(rhs_amax, _F32))
-    gds = global_decode_scale(jnp.stack([lhs_amax, rhs_amax]))
-    return jax.lax.optimization_barrier(gds[0] * gds[1])
+    return output_scales([(lhs_amax, rhs_amax)])[0]
+
+
+def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLike]]
+                  ) -> jax.Array:
+    """`output_scale` of several GEMMs' ``(lhs_amax, rhs_amax)`` pairs: float32[n].
+
+    One vectorized pass of the divisions for all of them: each correctly rounded
+    division is a large part of a quantized step's program (compile time), so the
+    backward pass computes its two GEMMs' scales together.
+
+    Example:
+      >>> output_scales([(2688.0, 5376.0), (2688.0, 2688.0)]).tolist()
+      [2.0, 1.0]
+    """
+    amaxes = jnp.stack([jnp.asarray(a, _F32) for pair in pairs for a in pair])
+    gds = global_decode_scale(amaxes).reshape(len(pairs), 2)
+    return jax.lax.optimization_barrier(gds[:, 0] * gds[:, 1])
 
 
 ScaleRule = Literal["six", "four_over_six"]

@@ -23,7 +23,7 @@ from fp4jax.reference.quantization import scaled_codes_bf16
 def matmul(
     lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
     out_sharding: Any = None, lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
-    single_device: bool = False,
+    single_device: bool = False, output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
@@ -39,6 +39,8 @@ def matmul(
       single_device: the program runs on one device: column-packed operands are then
         decoded without a transpose (`scaled_codes_bf16`'s ``column_pairs``). Results
         do not depend on it.
+      output_scale: ``scales.output_scale(lhs.amax, rhs.amax)`` when the caller has
+        already computed it (e.g. with `scales.output_scales` for several GEMMs at once).
 
     Returns:
       ``(..., M, N)`` array of ``preferred_element_type``.
@@ -58,7 +60,7 @@ def matmul(
     checks.check_gemm_operands(lhs, rhs)
     return _matmul(lhs, rhs, out_dtype=jnp.dtype(preferred_element_type),
                    out_sharding=out_sharding, lhs_from_mT=bool(lhs_from_mT),
-                   single_device=bool(single_device))
+                   single_device=bool(single_device), output_scale=output_scale)
 
 
 def _decode_view(q: NVFP4Array, from_mT: bool, pairs: bool) -> jax.Array:  # noqa: N803
@@ -71,7 +73,7 @@ def _decode_view(q: NVFP4Array, from_mT: bool, pairs: bool) -> jax.Array:  # noq
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding", "lhs_from_mT",
                                              "single_device"))
-def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding,
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, output_scale=None, *, out_dtype, out_sharding,
             lhs_from_mT: bool, single_device: bool) -> jax.Array:  # noqa: N803
     nd = lhs.ndim
     a = _decode_view(lhs, lhs_from_mT, single_device)
@@ -81,4 +83,6 @@ def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, *, out_dtype, out_sharding,
         a, b, (((nd - 1,), (nd - 2,)), (batch, batch)), preferred_element_type=jnp.float32,
         out_sharding=out_sharding,
     )
-    return (acc * scales.output_scale(lhs.amax, rhs.amax)).astype(out_dtype)
+    if output_scale is None:
+        output_scale = scales.output_scale(lhs.amax, rhs.amax)
+    return (acc * output_scale).astype(out_dtype)
