@@ -13,6 +13,12 @@ One run, side by side in one process, median of many warm device-synchronized ru
 
 Usage (GPU machine, repo root):  PYTHONPATH=. python3 benchmarks/bench_nvfp4.py --out DIR
 Writes DIR/bench_nvfp4.json and prints Markdown tables (pasted into docs/BENCHMARKS.md).
+
+qwix is not installed on the GPU machine: its wheel travels with the call (the device
+tool's ``carry=[".whl"]``, the wheel fetched with ``pip download --no-deps -d .whl
+qwix==0.1.8``; its other needs are there) and is installed first:
+``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+PYTHONPATH=.:/tmp/site python3 benchmarks/bench_nvfp4.py --skip a,b --out $OUT``.
 """
 
 from __future__ import annotations
@@ -207,6 +213,10 @@ def _qwix_layer(x, w, ct, iters):
     rule = qwix.QtRule(module_path=".*", weight_qtype="nvfp4", act_qtype="nvfp4",
                        bwd_qtype="nvfp4", tile_size=16,
                        additional_qt_config={"dlhs_tile_size": 16, "drhs_tile_size": 16})
+    # qwix tells weights from activations by identity, then by shape: a square (T, K)
+    # input shaped like the (K, N) kernel would count as a second weight ("lhs and rhs
+    # cannot be both weights"), so the input carries a leading batch axis of 1.
+    x, ct = x[None], ct[None]
     qmodel = qwix.quantize_model(model, qwix.QtProvider([rule]), x)
     graphdef, state = nnx.split(qmodel)
 
