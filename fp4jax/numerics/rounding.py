@@ -142,7 +142,9 @@ def div_rn(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> jax.Array:
             rf, shifted = np.float32(r), np.uint32((int(r) << width) & 0xFFFFFFFF)
         else:
             rf, shifted = r.astype(jnp.float32), r << width
-        est = jnp.floor(rf * (y * np.float32(2.0 ** (width - 24)))).astype(_U32)
+        # Non-negative: the conversion truncates, i.e. floors (no floor op: Mosaic GPU
+        # kernels, which could compute the scales in-kernel, do not lower one).
+        est = (rf * (y * np.float32(2.0 ** (width - 24)))).astype(_U32)
         rem = lax.bitcast_convert_type(shifted - est * mb, i32)  # exact: |rem| < 2**25
         adj = (rem >= mb_i).astype(_U32) - (rem < 0).astype(_U32)  # -1, 0 or 1 (mod 2**32)
         d = est + adj
