@@ -17,7 +17,7 @@ ARGS = ["--models", "32:1", "--batch", "4", "--seq", "32", "--steps", "3", "--re
         "--reps", "1"]
 
 
-@pytest.mark.slow  # ~15 s on 2 idle cores: four NVFP4 train-step compilations
+@pytest.mark.slow  # ~19 s on 2 shared cores: four NVFP4 train-step compilations (~3 s each)
 def test_multi_gpu_benchmark_measures_every_part_on_2_host_devices(tmp_path):
     """In one subprocess with 2 host devices, ``main`` runs twice on a tiny model:
 
