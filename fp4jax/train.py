@@ -508,6 +508,11 @@ class _ShardedStep:
     def __call__(self, state: TrainState, batch: Any, *, mode: Mode) -> tuple[TrainState, dict]:
         return self._entry(state)[1](state, batch, mode)  # pjit: no kwargs with in_shardings
 
+    def lower(self, state: TrainState, batch: Any, mode: Mode = "recipe") -> jax.stages.Lowered:
+        """``jax.jit(...).lower`` for ``state``'s structure, as for the unsharded step's
+        ``jitted``: compile ahead of time (``.compile()``) or read the HLO."""
+        return self._entry(state)[1].lower(state, batch, mode)
+
     def _cache_size(self) -> int:
         return sum(j._cache_size() for _, j in self._by_structure.values())  # noqa: SLF001
 

@@ -27,6 +27,8 @@ import traceback
 
 import numpy as np
 
+from fp4jax.testing.hlo import all_gathers  # dtype, elements, bytes sent per device, op_name
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYOUTS = {
@@ -68,31 +70,6 @@ LOSS_RTOL = 1e-5
 """Losses vs the 1-device run (tests/test_train_mesh.py says why)."""
 PARAM_ATOL = 2e-6
 """Parameters vs the 1-device run."""
-
-
-ITEMSIZE = {"u8": 1, "s8": 1, "pred": 1, "bf16": 2, "f16": 2, "u16": 2, "f32": 4, "s32": 4,
-            "u32": 4, "f64": 8}
-
-
-def all_gathers(hlo: str) -> list[dict]:
-    """Every all-gather of a compiled HLO module: result dtype, element count, operand
-    bytes (per device: what each device sends) and the op_name it came from."""
-    shapes = {m.group(1): (m.group(2), m.group(3))
-              for m in re.finditer(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]", hlo)}
-    out = []
-    for m in re.finditer(r"%[\w.\-]+ = (\w+)\[([\d,]*)\]\S* all-gather(?:-start)?\(([^)]*)\)"
-                         r"[^\n]*", hlo):
-        dtype, dims, operands = m.groups()
-        op_bytes = 0
-        for name in operands.split(","):
-            odtype, odims = shapes[name.strip().lstrip("%")]
-            op_bytes += ITEMSIZE[odtype] * int(np.prod([int(d) for d in odims.split(",") if d]))
-        op_name = re.search(r'op_name="([^"]*)"', m.group(0))
-        out.append({"dtype": dtype, "itemsize": ITEMSIZE[dtype], "bytes": op_bytes,
-                    "elements": int(np.prod([int(d) for d in dims.split(",") if d])),
-                    "op_name": op_name.group(1).replace("\\'", "'") if op_name else ""})
-    assert len(out) == len(re.findall(r" all-gather(?:-start)?\(", hlo)), "unparsed all-gathers"
-    return out
 
 
 def layer_gathers(hlo: str) -> list[dict]:

@@ -37,27 +37,11 @@ def bits(a):
     a = np.asarray(a)
     return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
-_DEF = re.compile(
-    r"^\s*(?:ROOT )?%([\w.-]+) = (\(.*?\)|\w+\[[\d,]*\]\S*) ([\w-]+)\((.*?)\)")
-
-def _nbytes(t):
-    # bytes per element from the type's bit width (u8, bf16, f8e4m3fn, f32, ...; pred: 1)
-    width = lambda d: 1 if d == "pred" else int(re.search(r"\d+", d).group()) // 8
-    return sum(width(d) * int(np.prod([int(n) for n in s.split(",") if n] or [1]))
-               for d, s in re.findall(r"(\w+)\[([\d,]*)\]", t))
+from fp4jax.testing.hlo import all_gathers as _all_gathers
 
 def all_gathers(hlo):
     '''(dtype, operand bytes) of every all-gather of a compiled program's HLO text.'''
-    shapes, out = {}, []
-    for line in hlo.splitlines():
-        m = _DEF.match(line)
-        if m:
-            name, typ, op, args = m.groups()
-            shapes[name] = typ
-            if op in ("all-gather", "all-gather-start"):
-                ops = re.findall(r"%([\w.-]+)", args)
-                out.append((typ.split("[")[0], sum(_nbytes(shapes[o]) for o in ops)))
-    return out
+    return [(g["dtype"], g["bytes"]) for g in _all_gathers(hlo)]
 """
 
 
