@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4jax import gemm_table, native_gemm
-from fp4jax.numerics import checks, layout
+from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import Rounding
@@ -209,6 +209,35 @@ def choose(
             if auto_prefers_kernel and kernel_reason() is None:
                 return "pallas"
             return "xla"
+
+
+def output_scales(pairs: Sequence[tuple[jax.Array, jax.Array]], *, impl: Impl = "xla"
+                  ) -> jax.Array:
+    """The output factors ``fl(gds_lhs · gds_rhs)`` of several NVFP4 GEMMs: float32[n].
+
+    ``pairs`` holds each GEMM's ``(lhs.amax, rhs.amax)``. Computed in one vectorized pass
+    (`fp4jax.numerics.scales.output_scales`), or where the quantize kernels compute their
+    scales in-kernel (`pallas_kernels.quantize_single.QuantizeConfig.scales_in_kernel`,
+    one switch for both) in one tiny kernel (`pallas_kernels.scale_kernels`): with
+    ``impl`` "auto" or "pallas" on one Hopper GPU. Same bits either way.
+
+    Example:
+      >>> output_scales([(2688.0, 5376.0)]).tolist()
+      [2.0]
+    """
+    def kernel_reason() -> str | None:
+        from pallas_kernels import quantize_single  # noqa: PLC0415
+
+        if not quantize_single.TWO_OUTPUT_CONFIG.scales_in_kernel:
+            return "in-kernel scale math is off (QuantizeConfig.scales_in_kernel)"
+        return mesh_reason(*(a for pair in pairs for a in pair))
+
+    if impl in ("auto", "pallas") and gpu_capability() is not None and (
+            (9, 0) <= gpu_capability() < (10, 0)) and kernel_reason() is None:
+        from pallas_kernels import scale_kernels  # noqa: PLC0415
+
+        return scale_kernels.output_scales(pairs)
+    return scales.output_scales(pairs)
 
 
 def quantize(

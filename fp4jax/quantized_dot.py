@@ -27,7 +27,7 @@ from jax import lax
 
 from fp4jax import implementation, weight_gather
 from fp4jax.implementation import Impl
-from fp4jax.numerics import checks, layout, random_bits, scales
+from fp4jax.numerics import checks, layout, random_bits
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 from fp4jax.weight_gather import FP4Gather
@@ -339,7 +339,10 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
     if gather is not None and r.fprop_rhs.quantized:  # quantized per shard, then gathered
         qb = gather.nvfp4(qb)
     if r.fprop_lhs.quantized:
-        y = _bmm(qa, qb, precision, impl, shardings.fprop)
+        scale = None
+        if isinstance(qb, NVFP4Array):  # through implementation: a kernel may compute it
+            scale = implementation.output_scales([(qa.amax, qb.amax)], impl=impl)[0]
+        y = _bmm(qa, qb, precision, impl, shardings.fprop, output_scale=scale)
         y = c.out(y if gather is None else gather.last_dim_as(y, 2)).astype(out_dtype)
     else:  # the caller's own GEMM, exactly as lax.dot_general computes it
         w = rhs if own_gather is None else own_gather.array(rhs)
@@ -383,8 +386,8 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, 
     if (r.dgrad_grad.quantized and r.wgrad_grad.quantized and isinstance(w_res, NVFP4Array)
             and isinstance(x_res, NVFP4Array)):
         # Both GEMMs' output scales in one pass of the divisions (program size).
-        out_scales = scales.output_scales([(qg_row.amax, w_res.amax),
-                                           (x_res.amax, qg_col.amax)])
+        out_scales = implementation.output_scales(
+            [(qg_row.amax, w_res.amax), (x_res.amax, qg_col.amax)], impl=impl)
     # dgrad: dX = dY W^T, contracting N.
     if r.dgrad_grad.quantized:
         da = _bmm(qg_row, w_res.mT, precision, impl, shardings.dgrad,

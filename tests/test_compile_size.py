@@ -94,3 +94,41 @@ def test_kernel_path_layer_program_for_the_gpu_stays_small():
         jax.random.key(0)).lower(lowering_platforms=("cuda",))
     ops = len(re.findall(r"= (?:\"?)stablehlo\.", lowered.as_text()))
     assert ops <= 2800, ops  # measured 2639 (4096 tokens; the shape does not matter)
+
+
+def test_in_kernel_scale_math_leaves_xla_no_division(monkeypatch):
+    """With ``QuantizeConfig.scales_in_kernel`` (off until measured on the H200) the
+    global scales and the GEMM output factors come from tiny kernels: the layer's XLA
+    program holds no correctly rounded division (no ``count_leading_zeros``, which each
+    one uses) and 472 StableHLO operations instead of 2638."""
+    import dataclasses
+
+    from fp4jax import implementation
+    from pallas_kernels import quantize_single as qs
+    from pallas_kernels import quantize_two_output as q2
+
+    two = dataclasses.replace(qs.TWO_OUTPUT_CONFIG, scales_in_kernel=True)
+    monkeypatch.setattr(qs, "TWO_OUTPUT_CONFIG", two)
+    monkeypatch.setattr(q2, "TWO_OUTPUT_CONFIG", two)
+    monkeypatch.setattr(qs, "DEFAULT_CONFIG",
+                        dataclasses.replace(qs.DEFAULT_CONFIG, scales_in_kernel=True))
+    monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
+
+    def fwd_bwd(x, w, key):
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(
+            x, w, (((1,), (0,)), ((), ())), key=key, impl="pallas"), x, w)
+        return vjp(jnp.ones_like(y))
+
+    # Traces are cached by shape with the configuration they saw: fresh caches before
+    # (no trace made with the switch off) and after (none left with it on).
+    jax.clear_caches()
+    try:
+        text = jax.jit(fwd_bwd).trace(
+            jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16),
+            jax.ShapeDtypeStruct((768, 2048), jnp.bfloat16),
+            jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        jax.clear_caches()
+    assert "count_leading_zeros" not in text
+    ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
+    assert ops <= 600, ops
