@@ -119,6 +119,11 @@ def embed_tokens(embed: nnx.Embed, tokens: jax.Array, lookup: str = "onehot") ->
         return embed(tokens)
     table = embed.embedding[...]
     table = table.astype(embed.dtype) if embed.dtype is not None else table
+    if not jax.sharding.get_abstract_mesh().empty:
+        # On a mesh: the (vocab, dim) table is small, so it is gathered whole (FSDP) for a
+        # local product with the token-sharded one-hot; left to itself XLA's partitioner
+        # all-gathers the one-hot (batch x seq x vocab) and its gradient instead.
+        table = jax.lax.with_sharding_constraint(table, jax.sharding.PartitionSpec())
     onehot = jax.nn.one_hot(tokens, embed.num_embeddings, dtype=table.dtype)
     # A float32 table must not be rounded to TF32 on the way through the GEMM; BF16
     # operands are exact at the default precision.
