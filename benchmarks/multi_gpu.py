@@ -502,7 +502,8 @@ def report(result: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in result["fsdp"]:
             g = r["all_gather"]
-            lines.append(f"| {r['model']} | {r['recipe']} | {'FP4' if r['fp4_gather'] else 'BF16'}"
+            how = "FP4" if r["fp4_gather"] else "XLA (fp4_gather=False)"
+            lines.append(f"| {r['model']} | {r['recipe']} | {how}"
                          f" | {len(r['fp4_gathered'])} | {fmt_bytes(g['bytes'])} | "
                          f"{fmt_bytes(g['bytes_bf16'])} | {fmt_bytes(g['nvfp4_bytes'])} | "
                          f"{r['step_ms']:.2f} | {r['tokens_per_s']:,.0f} |")
