@@ -232,8 +232,9 @@ def output_scales(pairs: Sequence[tuple[jax.Array, jax.Array]], *, impl: Impl = 
             return "in-kernel scale math is off (QuantizeConfig.scales_in_kernel)"
         return mesh_reason(*(a for pair in pairs for a in pair))
 
-    if impl in ("auto", "pallas") and gpu_capability() is not None and (
-            (9, 0) <= gpu_capability() < (10, 0)) and kernel_reason() is None:
+    cc = gpu_capability()
+    if impl in ("auto", "pallas") and cc is not None and (9, 0) <= cc < (10, 0) \
+            and kernel_reason() is None:
         from pallas_kernels import scale_kernels  # noqa: PLC0415
 
         return scale_kernels.output_scales(pairs)

@@ -10,9 +10,10 @@ that XLA's fusion passes work through (docs/BENCHMARKS.md, "Compile time"). Here
 run inside one single-thread-of-work kernel per call site: XLA sees one custom call,
 and the kernel (the same for every layer of a shape) is compiled once.
 
-The kernels compute exactly the reference's values (`fp4jax.numerics.scales`), with
-only the operations Mosaic GPU lowers on scalars: non-finite tests as comparisons
-instead of ``isfinite``/``isnan``, the division without ``floor`` (`rounding.div_rn`).
+The kernels call the reference's own functions (`fp4jax.numerics.scales`), which are
+written with only the operations Mosaic GPU lowers on scalars: non-finite tests as
+comparisons instead of ``isfinite``/``isnan``, the division without ``floor``
+(`rounding.div_rn`).
 Each scalar is computed by every thread of the one warpgroup; all store the same value.
 
 Example:
@@ -33,46 +34,28 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp4jax.numerics import rounding as rnd
-from fp4jax.numerics.constants import FLT_MAX, GLOBAL_SCALE_NUMERATOR, INV_E2M1_MAX
+from fp4jax.numerics import scales
+from fp4jax.numerics.constants import INV_E2M1_MAX
 from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.quantize_engines import SCALE_PARAMS
 
 _F32 = jnp.float32
 
 
-def _global_encode_scale(amax):
-    """`fp4jax.numerics.scales.global_encode_scale` of one scalar, kernel-safe."""
-    mag = jnp.abs(amax)
-    finite = mag < np.float32(np.inf)  # False for NaN and inf
-    safe = jnp.where(finite, mag, np.float32(1.0))
-    ges = jnp.minimum(rnd.div_rn(np.float32(GLOBAL_SCALE_NUMERATOR), safe), np.float32(FLT_MAX))
-    ges = jnp.where((safe == 0) | (ges == 0), np.float32(1.0), ges)
-    return jnp.where(finite, ges, np.float32(np.nan))
-
-
-def _global_decode_scale(amax):
-    """`fp4jax.numerics.scales.global_decode_scale` of one scalar, kernel-safe."""
-    ges = _global_encode_scale(amax)
-    nan = ges != ges  # noqa: PLR0124 - a NaN test
-    return jnp.where(nan, ges, rnd.div_rn(np.float32(1.0), jnp.where(nan, 1.0, ges)))
-
-
 def _scale_params_kernel(amax_ref, out_ref, *, n: int):
     for i in range(n):
-        ges = _global_encode_scale(amax_ref[i])
+        ges = scales.global_encode_scale(amax_ref[i])
         gds = rnd.div_rn(np.float32(1.0), ges)
         base = i * SCALE_PARAMS
         out_ref[base] = gds
         out_ref[base + 1] = ges * INV_E2M1_MAX
         for m in range(8):  # bit_tricks.mantissa_recips: fl(1 / fl((1 + m/8) gds))
-            y = np.float32(1.0 + m / 8) * gds
-            out_ref[base + 2 + m] = jnp.minimum(rnd.div_rn(np.float32(1.0), y),
-                                                np.float32(FLT_MAX))
+            out_ref[base + 2 + m] = scales.block_encode_scale(np.float32(1.0 + m / 8), gds)
 
 
 def _output_scales_kernel(amax_ref, out_ref, *, n: int):
     for i in range(n):
-        out_ref[i] = _global_decode_scale(amax_ref[2 * i]) * _global_decode_scale(
+        out_ref[i] = scales.global_decode_scale(amax_ref[2 * i]) * scales.global_decode_scale(
             amax_ref[2 * i + 1])
 
 

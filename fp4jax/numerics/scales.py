@@ -30,15 +30,17 @@ _F32 = jnp.float32
 def global_encode_scale(amax: jax.typing.ArrayLike) -> jax.Array:
     """``ges = min(fl(2688 / amax), FLT_MAX)``, or 1 when ``amax == 0`` or that is 0.
 
-    A non-finite ``amax`` gives NaN (non-finite inputs poison the whole tensor).
+    A non-finite ``amax`` gives NaN (non-finite inputs poison the whole tensor). Written
+    with comparisons only (no ``isfinite``/``isnan``), so that it also lowers inside a
+    Mosaic GPU kernel (`pallas_kernels.scale_kernels`).
 
     Example:
       >>> float(global_encode_scale(2688.0))
       1.0
     """
-    amax = jnp.asarray(amax, _F32)
-    finite = jnp.isfinite(amax)
-    safe = jnp.where(finite, jnp.abs(amax), np.float32(1.0))
+    mag = jnp.abs(jnp.asarray(amax, _F32))
+    finite = mag < np.float32(np.inf)  # False for NaN and inf
+    safe = jnp.where(finite, mag, np.float32(1.0))
     ges = rounding.div_rn(np.float32(GLOBAL_SCALE_NUMERATOR), safe)
     ges = jnp.minimum(ges, np.float32(FLT_MAX))
     ges = jnp.where((safe == 0) | (ges == 0), np.float32(1.0), ges)
@@ -53,7 +55,7 @@ def global_decode_scale(amax: jax.typing.ArrayLike) -> jax.Array:
       1.0
     """
     ges = global_encode_scale(amax)
-    nan = jnp.isnan(ges)
+    nan = ges != ges  # noqa: PLR0124 - a NaN test (as above: lowers in a kernel)
     return jnp.where(nan, ges, rounding.div_rn(np.float32(1.0), jnp.where(nan, 1, ges)))
 
 
