@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gzip
 import json
 import os
 import sys
@@ -184,11 +185,12 @@ def trace_kinds(step_fn: Callable, state, batch, trace_dir: str, steps: int = 3)
     kinds = trace_summary.by_kind(ops)
     return {"kinds_ms_per_step": {k: ms / steps for k, (ms, _) in kinds.items()},
             "kernels_per_step": {k: c / steps for k, (_, c) in kinds.items()},
-            "top_ops": [(n, ms / steps, c / steps) for n, ms, c in ops[:15]]}
+            "top_ops": [(n, ms / steps, c / steps) for n, ms, c in ops[:60]]}
 
 
 def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *,
-            iters: int, reps: int, trace_dir: str | None = None) -> list[dict]:
+            iters: int, reps: int, trace_dir: str | None = None,
+            hlo_dir: str | None = None) -> list[dict]:
     """One recipe and lookup: compile once, then time the step on each batch of ``data``.
 
     With ``trace_dir`` it also traces a few steps on the first batch (`trace_kinds`).
@@ -207,6 +209,11 @@ def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *
                  "high_precision_layers": list(trainer.report.high_precision),
                  "gemms": gemms,
                  "kernel_gemms": sum(g["gemms"] for g in gemms if g["here"] == "pallas")}
+    if hlo_dir:  # the optimized program, to look up the fusions the trace names
+        os.makedirs(hlo_dir, exist_ok=True)
+        path = os.path.join(hlo_dir, f"{cfg.recipe}_{cfg.impl}_{model_cfg.embed_lookup}.hlo.gz")
+        with gzip.open(path, "wt") as f:
+            f.write(compiled.as_text())
     traced = {}
     if trace_dir:
         name = f"{cfg.recipe}_{cfg.impl}_{model_cfg.embed_lookup}"
@@ -243,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None)
     p.add_argument("--trace", default=None,
                    help="also trace 3 steps per recipe here and print device time by kind")
+    p.add_argument("--hlo", default=None,
+                   help="also write each step's optimized HLO here (gzipped text)")
     p.add_argument("--scales-in", default=None, choices=["xla", "kernel"],
                    help="where the quantize kernels' scale math runs "
                         "(QuantizeConfig.scales_in_kernel; default: the library's default)")
@@ -264,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
             for impl in (a.impls.split(",") if recipe != "bf16" else ["auto"]):
                 cfg = run_config(recipe, batch=a.batch, seq=a.seq, impl=impl)
                 rows += measure(model_cfg, cfg, data, iters=a.iters, reps=a.reps,
-                                trace_dir=a.trace)
+                                trace_dir=a.trace, hlo_dir=a.hlo)
     for r in rows:  # against BF16 with the same lookup and tokens
         base = next((b for b in rows if b["recipe"] == "bf16" and b["embed"] == r["embed"]
                      and b["tokens"] == r["tokens"]), rows[0])
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{sum(r['trace']['kinds_ms_per_step'].values()):.2f}" for r in traced) + " |")
         for r in traced:
             print(f"\ntop ops, {r['recipe']} {r['impl']} (ms per step, calls per step):")
-            for n, ms, c in r["trace"]["top_ops"]:
+            for n, ms, c in r["trace"]["top_ops"][:25]:
                 print(f"  {ms:8.3f}  {c:5.1f}x  {n[:90]}")
     return result
 

@@ -128,13 +128,12 @@ def div_rn(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> jax.Array:
     # and three Newton steps: relative error ~2**-22, whatever the backend's rounding or
     # contraction of these float operations), so it is off by at most one (its estimate
     # is below 2**14); it is then corrected against the exact remainder, computed in
-    # wrapping uint32 arithmetic: the true remainder lies in (-2**25, 2**25), so the
-    # uint32 result read as int32 is exact.
+    # wrapping uint32 arithmetic: the true remainder lies in (-2**25, 2**25), so its
+    # top bit is its sign.
     x = mb.astype(jnp.float32) * np.float32(2.0**-24)  # [1/2, 1)
     y = np.float32(48 / 17) - np.float32(32 / 17) * x  # ≈ 1/x, |relative error| <= 1/17
     for _ in range(3):
         y = y + y * (np.float32(1.0) - x * y)
-    mb_i = lax.bitcast_convert_type(mb, i32)
     q = None
     r = ma
     for width in (13, 12):
@@ -145,10 +144,13 @@ def div_rn(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike) -> jax.Array:
         # Non-negative: the conversion truncates, i.e. floors (no floor op: Mosaic GPU
         # kernels, which could compute the scales in-kernel, do not lower one).
         est = (rf * (y * np.float32(2.0 ** (width - 24)))).astype(_U32)
-        rem = lax.bitcast_convert_type(shifted - est * mb, i32)  # exact: |rem| < 2**25
-        adj = (rem >= mb_i).astype(_U32) - (rem < 0).astype(_U32)  # -1, 0 or 1 (mod 2**32)
-        d = est + adj
-        r = lax.bitcast_convert_type(rem, _U32) - adj * mb
+        rem = shifted - est * mb  # the remainder mod 2**32: exact, as |rem| < 2**25
+        # Corrected with unsigned compares and selects only (no signed view of the bits,
+        # no multiply by a wrapped -1): the same in XLA and in a Mosaic GPU kernel.
+        low = rem >= _U32(2**31)  # the estimate was one too big: rem < 0
+        high = (rem >= mb) & ~low  # one too small
+        d = lax.select(low, est - _U32(1), lax.select(high, est + _U32(1), est))
+        r = lax.select(low, rem + mb, lax.select(high, rem - mb, rem))
         q = d if q is None else (q << width) | d
     # q2 = (q << 1) | sticky holds the rounding information of the exact quotient.
     q2 = (q << 1) | (r != 0).astype(_U32)
