@@ -223,3 +223,63 @@ class NVFP4Array:
         perm = list(range(self.ndim))
         perm[-1], perm[-2] = perm[-2], perm[-1]
         return self.transpose(tuple(perm))
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values", "amax"],
+    meta_fields=["axis", "hadamard"],
+)
+@dataclasses.dataclass(frozen=True)
+class DecodedNVFP4:
+    """An NVFP4 GEMM operand already decoded for a BF16 matrix unit (a JAX pytree).
+
+    ``values`` holds ``code · s`` per element in bfloat16 — exactly what an emulated
+    GEMM feeds to its BF16 dot (`fp4jax.reference.quantization.scaled_codes_bf16`), the
+    global scale left to the GEMM's output factor. A quantizer writes it instead of
+    packed codes when the tensor goes straight into such a GEMM (the forward pass's X):
+    the GEMM then reads it without a decode pass. 1D blocks along ``axis`` only.
+
+    Attributes:
+      values: bfloat16 ``code · s`` in the logical shape (no padding).
+      amax: float32 scalar, the global amax (NaN for a non-finite input).
+      axis: the quantized (block) axis, non-negative.
+      hadamard: whether the values are Hadamard-rotated along ``axis``.
+
+    Example:
+      >>> import jax.numpy as jnp, fp4jax
+      >>> from fp4jax.reference import quantization
+      >>> q = fp4jax.quantize(jnp.linspace(-6.0, 6.0, 32).reshape(2, 16))
+      >>> d = quantization.decoded(q)
+      >>> d.shape, d.values.dtype, bool(d.amax == q.amax)
+      ((2, 16), dtype(bfloat16), True)
+    """
+
+    values: jax.Array
+    amax: jax.Array
+    axis: int
+    hadamard: bool = False
+
+    block_2d = False  # the GEMM operand checks read it as they do an NVFP4Array's
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape."""
+        return tuple(self.values.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Rank of the logical tensor."""
+        return self.values.ndim
+
+    def take_leading(self, n: int) -> DecodedNVFP4:
+        """The first ``n`` entries along axis 0 (not the block axis); the amax is kept."""
+        if self.axis == 0:
+            raise ValueError(f"axis 0 of an array blocked along axis {self.axis} cannot be cut")
+        if not 0 < n <= self.shape[0]:
+            raise ValueError(f"cannot take {n} of {self.shape[0]} entries along axis 0")
+        return dataclasses.replace(self, values=self.values[:n])
+
+    def expand_leading(self) -> DecodedNVFP4:
+        """The array viewed with a new leading axis of length 1."""
+        return dataclasses.replace(self, values=self.values[None], axis=self.axis + 1)
