@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from fp4jax import gemm_table, native_gemm
 from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
-from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import Rounding
 from fp4jax.numerics.scales import ScaleRule
 from fp4jax.reference import gemm as reference_gemm
@@ -74,7 +74,6 @@ def mesh_reason(*operands: Any) -> str | None:
                             if kind != jax.sharding.AxisType.Manual)
     for x in operands:
         x = x.data if isinstance(x, NVFP4Array) else x
-        x = x.values if isinstance(x, DecodedNVFP4) else x
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             devices = max(devices, len(x.sharding.device_set))
     if devices > 1:
@@ -170,34 +169,6 @@ def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
     """
     del columnwise, stochastic  # no measured case where the XLA path wins
     return True
-
-
-def gemm_decodes_in_xla(m: int, n: int, k: int, layout: GemmLayout, impl: Impl) -> bool:
-    """Whether `matmul` runs an (M, K) × (K, N) GEMM as XLA's decode-and-dot.
-
-    Such a GEMM reads its lhs as BF16 ``code · s``, so a quantizer may hand it a
-    `DecodedNVFP4` and spare the decode pass (`quantize_rowwise_columnwise`'s
-    ``decode_rowwise``). ``"auto"`` on sm_90 follows `auto_prefers_gemm_kernel` (a
-    problem the kernel turns down also lands in XLA, with its codes decoded there).
-
-    Example:
-      >>> gemm_decodes_in_xla(8192, 8192, 8192, "fprop", "xla")
-      True
-      >>> gemm_decodes_in_xla(8192, 8192, 8192, "fprop", "pallas")
-      False
-    """
-    match check_impl(impl):
-        case "xla":
-            return True
-        case "pallas" | "native":
-            return False
-        case "auto":
-            cc = gpu_capability()
-            if cc is None or cc < (9, 0):
-                return True
-            if cc >= (10, 0):
-                return False
-            return not auto_prefers_gemm_kernel(m, n, k, layout)
 
 
 def choose(
@@ -389,17 +360,14 @@ def quantize_rowwise_columnwise(
     row_key: jax.Array | None = None,
     col_key: jax.Array | None = None,
     hadamard_signs: Sequence[int] | None = None,
-    decode_rowwise: bool = False,
     impl: Impl = "xla",
-) -> tuple[NVFP4Array | DecodedNVFP4, NVFP4Array]:
+) -> tuple[NVFP4Array, NVFP4Array]:
     """The two copies of an ``(M, K)`` tensor that a linear layer keeps for its GEMMs.
 
     The rowwise copy has 1D blocks along K (fprop's X, dgrad's dY); the columnwise copy
     is Hadamard-rotated with blocks along M (wgrad's Xᵀ, dYᵀ), with M zero-padded to a
     multiple of 16 first. Both use ``rounding``; with the kernel one read of ``x``
-    produces both. With ``decode_rowwise`` the rowwise copy comes as a `DecodedNVFP4`
-    (BF16 ``code · s``) for a GEMM that decodes in XLA (`gemm_decodes_in_xla`): the
-    kernel writes it in place of codes and scales, and the GEMM needs no decode pass.
+    produces both.
 
     Mathematically equivalent to::
 
@@ -435,7 +403,7 @@ def quantize_rowwise_columnwise(
 
         row, col = quantize_two_output.quantize_rowwise_columnwise(
             padded, rounding=rounding, row_key=row_key, col_key=col_key,
-            hadamard_signs=hadamard_signs, row_decoded=decode_rowwise)
+            hadamard_signs=hadamard_signs)
         # Zero rows change neither the amax nor any other row's codes, scales or SR bits
         # (the counter is the index within the padded row), so the rowwise copy of the
         # unpadded tensor is the first m rows.
@@ -444,11 +412,11 @@ def quantize_rowwise_columnwise(
     col = reference_quantization.quantize(
         padded, axis=0, hadamard=True, rounding=rounding, key=col_key,
         hadamard_signs=hadamard_signs)
-    return (reference_quantization.decoded(row) if decode_rowwise else row), col
+    return row, col
 
 
 def matmul(
-    lhs: NVFP4Array | DecodedNVFP4,
+    lhs: NVFP4Array,
     rhs: NVFP4Array,
     *,
     preferred_element_type: Any = jnp.float32,
@@ -464,8 +432,7 @@ def matmul(
     accumulation, and the accumulator is scaled by ``fl(gds_lhs · gds_rhs)``.
 
     Args:
-      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled); or already decoded
-        (`DecodedNVFP4`), which only the XLA GEMM reads (``impl`` "xla" or "auto").
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
       impl: ``"xla"`` (decode to BF16 and XLA's dot), ``"pallas"`` (the Hopper
@@ -497,16 +464,6 @@ def matmul(
     checks.check_gemm_operands(lhs, rhs)
     out_dtype = jnp.dtype(preferred_element_type)
     m, k, n = lhs.shape[-2], lhs.shape[-1], rhs.shape[-1]
-    if isinstance(lhs, DecodedNVFP4):
-        if check_impl(impl) in ("pallas", "native") or lhs_from_mT:
-            raise ValueError(
-                f"an already decoded lhs (DecodedNVFP4 of shape {lhs.shape}) is read by the "
-                f"XLA GEMM only (impl 'xla' or 'auto', no lhs_from_mT); got impl={impl!r}, "
-                f"lhs_from_mT={lhs_from_mT}")
-        return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
-                                     out_sharding=out_sharding,
-                                     single_device=mesh_reason(lhs, rhs) is None,
-                                     output_scale=output_scale)
 
     def kernel_reason() -> str | None:
         from pallas_kernels import gemm

@@ -28,7 +28,7 @@ from jax import lax
 from fp4jax import implementation, weight_gather
 from fp4jax.implementation import Impl
 from fp4jax.numerics import checks, layout, random_bits
-from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 from fp4jax.weight_gather import FP4Gather
 
@@ -264,19 +264,17 @@ def quantize_operand(x: jax.Array, axis: int, op: Operand, key: jax.Array | None
 
 
 def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: str,
-                            col_role: str, recipe: Recipe, impl: Impl, *,
-                            decode_rowwise: bool = False):
+                            col_role: str, recipe: Recipe, impl: Impl):
     """The rowwise (along the last axis) and columnwise (along tokens) copies of a
     canonical (B, M, X) tensor; one call of `implementation.quantize_rowwise_columnwise`
     (one read with the kernel) when the recipe asks for a 1D rowwise and a Hadamard
-    columnwise copy with the same rounding. ``decode_rowwise``: the rowwise copy may
-    come decoded (`DecodedNVFP4`), for a GEMM that decodes in XLA."""
+    columnwise copy with the same rounding."""
     row_key, col_key = role_keys(key, (row_op, row_role), (col_op, col_role))
     if (x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard and col_op.hadamard
             and row_op.rounding == col_op.rounding and row_op.scale_rule == "six"):
         row, col = implementation.quantize_rowwise_columnwise(
             x[0], rounding=row_op.rounding, row_key=row_key, col_key=col_key,
-            hadamard_signs=recipe.hadamard_signs, decode_rowwise=decode_rowwise, impl=impl)
+            hadamard_signs=recipe.hadamard_signs, impl=impl)
         return row.expand_leading(), col.expand_leading()
     return (quantize_operand(x, 2, row_op, key, row_role, recipe, impl, derived_key=row_key),
             quantize_operand(x, 1, col_op, key, col_role, recipe, impl, derived_key=col_key))
@@ -285,7 +283,7 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
 def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False,  # noqa: N803
          output_scale=None) -> jax.Array:
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
-    if isinstance(a, (NVFP4Array, DecodedNVFP4)):
+    if isinstance(a, NVFP4Array):
         return implementation.matmul(a, b, preferred_element_type=jnp.float32, impl=impl,
                                      lhs_from_mT=lhs_from_mT, out_sharding=out_sharding,
                                      output_scale=output_scale)
@@ -329,12 +327,9 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
     r = recipe
     x_col = None
     if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
-        # X rowwise (fprop) and X columnwise (wgrad), from one read where a kernel can;
-        # X rowwise decoded right away where the GEMM reads BF16 (no decode pass).
-        decode = r.fprop_rhs.quantized and implementation.gemm_decodes_in_xla(
-            a.shape[1], b.shape[2], a.shape[2], "fprop", impl)
+        # X rowwise (fprop) and X columnwise (wgrad), from one read where a kernel can.
         qa, x_col = _rowwise_and_columnwise(a, r.fprop_lhs, r.wgrad_lhs, key, "fprop_lhs",
-                                            "wgrad_lhs", r, impl, decode_rowwise=decode)
+                                            "wgrad_lhs", r, impl)
     elif r.fprop_lhs.quantized:
         qa = quantize_operand(a, 2, r.fprop_lhs, key, "fprop_lhs", r, impl)
     else:

@@ -219,38 +219,6 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
 
-def e4m3_value(code: jax.Array) -> jax.Array:
-    """float32 value of uint32 non-negative E4M3 codes (0..127; 127 is NaN), exactly.
-
-    Normal codes are rebiased bit fields; subnormals ``m · 2**-9`` are
-    ``2**-6 (1 + m/8) - 2**-6`` (an exact difference), so no int/float conversion.
-    """
-    e, m = code >> 3, code & _U32(7)
-    normal = _f32(((e + _U32(120)) << 23) | (m << 20))
-    sub = _f32(_U32(121 << 23) | (m << 20)) - np.float32(2.0**-6)
-    v = jnp.where(e == _U32(0), sub, normal)
-    return jnp.where(code == _U32(0x7F), np.float32(np.nan), v)
-
-
-CANONICAL_NAN = np.uint32(0x7FC00000)
-"""The float32 bits a decoded NaN block gets (bfloat16 ``0x7FC0`` in the high half)."""
-
-
-def scaled_code_bits(nib: jax.Array, s: jax.Array) -> jax.Array:
-    """float32 bits of ``e2m1(nib) · s``, exact and a BF16 value (low 16 bits zero).
-
-    ``nib``: uint32 E2M1 codes (bit 3 the sign); ``s``: float32 E4M3 block decode scales
-    (`e4m3_value`). The product has at most 6 significant bits, so it is the reference's
-    BF16 ``code · s`` (`fp4jax.reference.quantization.scaled_codes_bf16`); code 8 gives
-    -0, and a NaN scale the canonical NaN.
-    """
-    m = nib & _U32(7)
-    mag = jnp.where(m >= _U32(2), _f32((m + _U32(252)) << 22),
-                    jnp.where(m == _U32(1), np.float32(0.5), np.float32(0.0)))
-    v = mag * s
-    return jnp.where(v != v, CANONICAL_NAN, _u32(v) | ((nib & _U32(8)) << 28))  # noqa: PLR0124
-
-
 def hash32(k0, k1, k2, counter):
     """`fp4jax.numerics.random_bits.hash_bits` of a uint32 counter, with ``k2 = k0 * 0x9E3779B9``
     precomputed (`sr_key_words`): the 32 random bits of four elements."""

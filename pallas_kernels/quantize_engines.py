@@ -114,8 +114,7 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
         enc, code, _ = bits.e4m3_block_scale(bamax, *sp)
-        if not out.decoded:
-            scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
+        scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), tp.ROW_LAYOUT)
     if out.stochastic:
         ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape)
@@ -124,13 +123,6 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     else:
         ne = bits.nibble_nearest(xe, enc)
         no = bits.nibble_nearest(xo, enc)
-    if out.decoded:  # BF16 code·s of the two elements of each input word, in its place
-        s = plgpu.layout_cast(lax.broadcast_in_dim(bits.e4m3_value(code), shape, (0, 1, 2)),
-                              tp.ROW_LAYOUT)
-        word = ((bits.scaled_code_bits(ne, s) >> 16)
-                | (bits.scaled_code_bits(no, s) & _U32(0xFFFF0000)))
-        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = word
-        return acc
     byte = ne | (no << 4)
     codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = byte.astype(jnp.uint8)
     return acc
@@ -299,8 +291,7 @@ def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
     bg, bnb = spec.bm // 16, spec.bk // 16
     engines = []
     if spec.row is not None:
-        codes = outs.pop(0)
-        scales = None if spec.row.decoded else outs.pop(0)
+        codes, scales = outs.pop(0), outs.pop(0)
         sr = _row_sr_state(spec, spec.row) if spec.row.stochastic else None
         keys = tuple(uparams[i] for i in range(3))
         acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.ROW_LAYOUT)
@@ -350,11 +341,8 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
 
     Returns:
       ``(outputs, flags)``: for each present output its codes and scales in the kernel's
-      layout (a ``decoded`` rowwise output: its BF16 words only), then for each of
-      ``(row, col)`` its poison flag (None unless ``poison``).
+      layout, then for each of ``(row, col)`` its poison flag (None unless ``poison``).
     """
-    if row is not None and row.decoded and (row.block_2d or row.hadamard):
-        raise ValueError("a decoded rowwise output has 1D blocks and no Hadamard transform")
     m, k = x2.shape
     unit_m = 64 if (col is not None) else 16
     bm = tp.pick_block(m, config.block_rows, unit_m)
@@ -364,9 +352,7 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
         num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm, interpret=interpret)
     stages = spec.stages
     out_types = []
-    if row is not None and row.decoded:  # the input's word layout (`tma_pipeline.as_words`)
-        out_types.append(jax.ShapeDtypeStruct((m // 16, 16, k // 16, 8), _U32))
-    elif row is not None:
+    if row is not None:
         out_types.append(jax.ShapeDtypeStruct((m // 16, 16, k // 16, 8), jnp.uint8))
         if row.block_2d:
             out_types.append(jax.ShapeDtypeStruct((m // 16, k // 16), jnp.uint8))

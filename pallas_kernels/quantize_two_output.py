@@ -34,7 +34,7 @@ from jax import lax
 
 from fp4jax.numerics import checks, random_bits
 from fp4jax.numerics import hadamard as hadamard_lib
-from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS, Rounding
 from pallas_kernels import amax as amax_pass
 from pallas_kernels import bit_tricks as bits
@@ -60,10 +60,9 @@ def supports(shape: Sequence[int], dtype: Any) -> str | None:
     return engines.input_reason(shape, dtype, "quantize_rowwise_columnwise", 64)
 
 
-@functools.partial(jax.jit, static_argnames=("rounding", "hadamard_signs", "row_decoded",
-                                             "config", "interpret"))
-def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_signs,
-                row_decoded, config, interpret):
+@functools.partial(jax.jit, static_argnames=("rounding", "hadamard_signs", "config", "interpret"))
+def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_signs, config,
+                interpret):
     m, k = x.shape
     stochastic = rounding == "stochastic"
     res = []
@@ -83,15 +82,12 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
     # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
     row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),
-                        poison=row_amax is not None, decoded=row_decoded)
+                        poison=row_amax is not None)
     col = tp.OutputSpec(stochastic=stochastic, hadamard=True, signs=hadamard_signs,
                         block_strides=(k, 1), poison=col_amax is not None)
-    outs, flags = engines.run_quantize(x, row, col, fp, up, config, interpret)
-    col_out = (tp.as_bytes(outs[-2], m // 2, k), tp.as_bytes(outs[-1], m // 16, k),
-               stored_c(flags[1]))
-    if row_decoded:
-        return (tp.bf16_from_words(outs[0], m, k), stored_r(flags[0])) + col_out
-    return (outs[0].reshape(m, k // 2), outs[1].reshape(m, k // 16), stored_r(flags[0])) + col_out
+    (rc, rs, cc, cs), flags = engines.run_quantize(x, row, col, fp, up, config, interpret)
+    return (rc.reshape(m, k // 2), rs.reshape(m, k // 16), stored_r(flags[0]),
+            tp.as_bytes(cc, m // 2, k), tp.as_bytes(cs, m // 16, k), stored_c(flags[1]))
 
 
 def quantize_rowwise_columnwise(
@@ -103,10 +99,9 @@ def quantize_rowwise_columnwise(
     hadamard_signs: Sequence[int] | None = None,
     row_amax: jax.typing.ArrayLike | None = None,
     col_amax: jax.typing.ArrayLike | None = None,
-    row_decoded: bool = False,
     config: QuantizeConfig | None = None,
     interpret: bool = False,
-) -> tuple[NVFP4Array | DecodedNVFP4, NVFP4Array]:
+) -> tuple[NVFP4Array, NVFP4Array]:
     """Rowwise and columnwise-RHT NVFP4 copies of ``x`` from one read of ``x``.
 
     The amax pass (skipped when both amaxes are given) reads ``x`` once for
@@ -119,14 +114,11 @@ def quantize_rowwise_columnwise(
       row_key, col_key: keys of the two copies' stochastic rounding.
       hadamard_signs: RHT sign vector of the columnwise copy.
       row_amax, col_amax: precomputed global amaxes (``col_amax`` after the RHT).
-      row_decoded: write the rowwise copy as BF16 ``code · s`` (a `DecodedNVFP4`, for
-        a GEMM that reads BF16) instead of codes and scales.
       config: tuning (`QuantizeConfig`); None uses `TWO_OUTPUT_CONFIG`.
       interpret: Mosaic GPU interpret mode (CPU).
 
     Returns:
-      ``(rowwise, columnwise)`` NVFP4Arrays, bit-identical to `reference` (the rowwise
-      one decoded, as `fp4jax.reference.quantization.decoded` of it, with ``row_decoded``).
+      ``(rowwise, columnwise)`` NVFP4Arrays, bit-identical to `reference`.
 
     Mathematically equivalent to::
 
@@ -150,20 +142,14 @@ def quantize_rowwise_columnwise(
     if reason is not None:
         raise ValueError(reason)
     config = TWO_OUTPUT_CONFIG if config is None else config
-    *row_out, cc, cs, ca = _rowcol_jit(
+    rc, rs, ra, cc, cs, ca = _rowcol_jit(
         x, row_key, col_key, checks.check_amax(row_amax), checks.check_amax(col_amax),
-        rounding=rounding, hadamard_signs=signs, row_decoded=bool(row_decoded), config=config,
-        interpret=bool(interpret))
-
+        rounding=rounding, hadamard_signs=signs, config=config, interpret=bool(interpret))
     def e4m3(s):
         return lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
 
-    if row_decoded:
-        row = DecodedNVFP4(values=row_out[0], amax=row_out[1], axis=1)
-    else:
-        rc, rs, ra = row_out
-        row = NVFP4Array(data=rc, scales=e4m3(rs), amax=ra, shape=tuple(x.shape),
-                         dtype=x.dtype, axis=1)
+    row = NVFP4Array(data=rc, scales=e4m3(rs), amax=ra, shape=tuple(x.shape), dtype=x.dtype,
+                     axis=1)
     col = NVFP4Array(data=cc, scales=e4m3(cs), amax=ca, shape=tuple(x.shape), dtype=x.dtype,
                      axis=0, hadamard=True)
     return row, col

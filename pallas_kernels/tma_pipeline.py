@@ -78,7 +78,6 @@ class OutputSpec:
     signs: tuple[int, ...] = DEFAULT_SIGNS
     block_strides: tuple[int, int] | None = None  # SR block numbering (per M-unit, per K-unit)
     poison: bool = False  # also report whether a (rotated) value was non-finite
-    decoded: bool = False  # rowwise 1D only: write BF16 code·s words instead of codes/scales
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +107,6 @@ def kernel_name(spec: KernelSpec) -> str:
         if out is not None:
             parts += [label] + ["2d"] * out.block_2d + ["rht"] * out.hadamard
             parts.append("sr" if out.stochastic else "rne")
-            parts += ["bf16"] * out.decoded
     return "_".join(parts)
 
 
@@ -214,11 +212,6 @@ def as_words(x: jax.Array) -> jax.Array:
     m, k = x.shape
     w = lax.bitcast_convert_type(x.reshape(m, k // 2, 2), _U32)
     return w.reshape(m // 16, 16, k // 16, 8)
-
-
-def bf16_from_words(w: jax.Array, m: int, k: int) -> jax.Array:
-    """(M/16, 16, K/16, 8) uint32 words of BF16 pairs -> (M, K) bfloat16 (`as_words`'s inverse)."""
-    return lax.bitcast_convert_type(w.reshape(m, k // 2), jnp.bfloat16).reshape(m, k)
 
 
 def as_bytes(u16: jax.Array, rows: int, cols: int) -> jax.Array:

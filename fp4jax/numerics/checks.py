@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from fp4jax.numerics import hadamard as hadamard_lib
 from fp4jax.numerics import layout, random_bits
 from fp4jax.numerics.constants import BLOCK, SUPPORTED_INPUT_DTYPES
-from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS
 from fp4jax.numerics.scales import SCALE_RULES
 
@@ -122,18 +122,16 @@ def check_quantize_arguments(
     return QuantizeArguments(x, axis, signs, check_amax(amax))
 
 
-def check_gemm_operands(lhs: NVFP4Array | DecodedNVFP4, rhs: NVFP4Array) -> None:
+def check_gemm_operands(lhs: NVFP4Array, rhs: NVFP4Array) -> None:
     """Raises `ValueError`/`TypeError` unless ``lhs @ rhs`` is a valid NVFP4 GEMM.
 
     ``lhs`` is logically ``(..., M, K)`` and ``rhs`` ``(..., K, N)`` with equal batch
     dims; each operand's 16-blocks must run along K (or be 16×16 tiles), and the
-    Hadamard transform must be on both or neither. ``lhs`` may be already decoded
-    (`DecodedNVFP4`).
+    Hadamard transform must be on both or neither.
     """
-    for name, q, types in (("lhs", lhs, (NVFP4Array, DecodedNVFP4)), ("rhs", rhs, NVFP4Array)):
-        if not isinstance(q, types):
-            allowed = "an NVFP4Array or a DecodedNVFP4" if name == "lhs" else "an NVFP4Array"
-            raise TypeError(f"{name} must be {allowed}, got {type(q).__name__}")
+    for name, q in (("lhs", lhs), ("rhs", rhs)):
+        if not isinstance(q, NVFP4Array):
+            raise TypeError(f"{name} must be an NVFP4Array, got {type(q).__name__}")
         if q.ndim < 2:
             raise ValueError(f"{name} must have rank >= 2, got shape {q.shape}")
     if lhs.ndim != rhs.ndim or lhs.shape[:-2] != rhs.shape[:-2]:

@@ -16,20 +16,19 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax.numerics import checks, scales
-from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
+from fp4jax.numerics.nvfp4_array import NVFP4Array
 from fp4jax.reference.quantization import scaled_codes_bf16
 
 
 def matmul(
-    lhs: NVFP4Array | DecodedNVFP4, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
+    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
     out_sharding: Any = None, lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
     single_device: bool = False, output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
     Args:
-      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled), or already decoded
-        (`DecodedNVFP4`, e.g. by the quantize kernel): then used as it is.
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
       rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
       preferred_element_type: output dtype.
       out_sharding: output sharding, as in `jax.lax.dot_general`.
@@ -64,10 +63,7 @@ def matmul(
                    single_device=bool(single_device), output_scale=output_scale)
 
 
-def _decode_view(q: NVFP4Array | DecodedNVFP4, from_mT: bool, pairs: bool  # noqa: N803
-                 ) -> jax.Array:
-    if isinstance(q, DecodedNVFP4):  # an lhs blocked along K: no view to undo
-        return q.values
+def _decode_view(q: NVFP4Array, from_mT: bool, pairs: bool) -> jax.Array:  # noqa: N803
     # A .mT view's data is a transpose of the stored codes: decoding the view's .mT
     # cancels it, and the swap of the decoded result becomes the GEMM's operand layout.
     if from_mT:
@@ -77,8 +73,8 @@ def _decode_view(q: NVFP4Array | DecodedNVFP4, from_mT: bool, pairs: bool  # noq
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "out_sharding", "lhs_from_mT",
                                              "single_device"))
-def _matmul(lhs: NVFP4Array | DecodedNVFP4, rhs: NVFP4Array, output_scale=None, *, out_dtype,
-            out_sharding, lhs_from_mT: bool, single_device: bool) -> jax.Array:  # noqa: N803
+def _matmul(lhs: NVFP4Array, rhs: NVFP4Array, output_scale=None, *, out_dtype, out_sharding,
+            lhs_from_mT: bool, single_device: bool) -> jax.Array:  # noqa: N803
     nd = lhs.ndim
     a = _decode_view(lhs, lhs_from_mT, single_device)
     b = _decode_view(rhs, rhs.axis == nd - 1, single_device)

@@ -23,7 +23,6 @@ from fp4jax.numerics import hadamard as hadamard_lib
 from fp4jax.numerics import rounding as rnd
 from fp4jax.numerics.constants import BLOCK, E2M1_MAX
 from fp4jax.numerics.nvfp4_array import (
-    DecodedNVFP4,
     NVFP4Array,
     e2m1_to_bf16,
     e2m1_to_f32,
@@ -252,24 +251,6 @@ def scaled_codes_bf16(q: NVFP4Array, *, column_pairs: bool = False) -> jax.Array
         # sharded) axis with an unsharded one, not of two at once.
         vals = vals.reshape(*vals.shape[:-2], c).reshape(*q.data.shape[:-2], 2 * r2, c)
     return lax.slice_in_dim(vals, 0, q.shape[q.axis], axis=q.axis)
-
-
-def decoded(q: NVFP4Array) -> DecodedNVFP4:
-    """``q`` as a `DecodedNVFP4`: its `scaled_codes_bf16` and amax (1D blocks only).
-
-    Example:
-      >>> import jax.numpy as jnp, fp4jax
-      >>> d = decoded(fp4jax.quantize(jnp.array([[0.5, -1.0] * 8])))
-      >>> d.values[0, :2].tolist()  # code · s; the global scale (1/2688) is the GEMM's
-      [1344.0, -2688.0]
-    """
-    if not isinstance(q, NVFP4Array):
-        raise TypeError(f"decoded expects an NVFP4Array, got {type(q).__name__}")
-    if q.block_2d:
-        raise ValueError(f"decoded takes 1D blocks; this array of shape {q.shape} has 16x16 "
-                         "tiles")
-    return DecodedNVFP4(values=scaled_codes_bf16(q), amax=q.amax, axis=q.axis,
-                        hadamard=q.hadamard)
 
 
 def _bf16_pairs(even_codes, odd_codes, even_scales, odd_scales) -> jax.Array:
