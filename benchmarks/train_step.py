@@ -50,6 +50,8 @@ from llama import LlamaConfig  # noqa: E402
 from benchmarks import gemm_auto_table, trace_summary  # noqa: E402
 from fp4jax import implementation  # noqa: E402
 from fp4jax.flax.nnx import matmul_layers  # noqa: E402
+from fp4jax.reference import gemm as gemm_lib  # noqa: E402
+from fp4jax.reference import quantization  # noqa: E402
 from pallas_kernels import (  # noqa: E402
     gemm,
     gemm_config,
@@ -153,6 +155,20 @@ def set_scales_in_kernel(on: bool) -> None:
     quantize_single.TWO_OUTPUT_CONFIG = quantize_two_output.TWO_OUTPUT_CONFIG = two
 
 
+def decode_columns_by_transpose() -> None:
+    """Makes the XLA GEMM decode column-packed operands through the ``.mT`` view (a
+    transpose fused into the decode) instead of as uint32 column pairs.
+
+    A benchmark switch (the library picks the pairs form on one device): the two
+    decode the same values, so only the step time can differ.
+    """
+    def through_transpose(q, column_pairs=False):
+        del column_pairs
+        return quantization.scaled_codes_bf16(q, column_pairs=False)
+
+    gemm_lib.scaled_codes_bf16 = through_transpose
+
+
 def default_heads(dim: int) -> int:
     """Heads of width 64 (dim 768: 12, as in compare.py; dim 2048: 32)."""
     return max(dim // 64, 1)
@@ -252,12 +268,17 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also trace 3 steps per recipe here and print device time by kind")
     p.add_argument("--hlo", default=None,
                    help="also write each step's optimized HLO here (gzipped text)")
+    p.add_argument("--column-decode", default="pairs", choices=["pairs", "transpose"],
+                   help="how the XLA GEMM decodes column-packed operands (see "
+                        "decode_columns_by_transpose)")
     p.add_argument("--scales-in", default=None, choices=["xla", "kernel"],
                    help="where the quantize kernels' scale math runs "
                         "(QuantizeConfig.scales_in_kernel; default: the library's default)")
     a = p.parse_args(argv)
     if a.scales_in is not None:
         set_scales_in_kernel(a.scales_in == "kernel")
+    if a.column_decode == "transpose":
+        decode_columns_by_transpose()
     a.heads = a.heads or default_heads(a.dim)
     kinds = a.tokens.split(",")
     if not set(kinds) <= set(TOKENS):
