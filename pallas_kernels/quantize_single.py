@@ -76,7 +76,7 @@ class QuantizeConfig:
         (`pallas_kernels.scale_kernels`, one custom call) instead of in XLA (~360
         operations per output, most of a quantized step's program). The same bits
         (tested on the H200); compiles the NVFP4 train step in about 0.7x the time
-        (docs/BENCHMARKS.md, "Compile time").
+        (docs/BENCHMARKS.md, "In-kernel scale math").
     """
 
     block_rows: int = 16
