@@ -24,6 +24,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 
 from fp4jax.numerics import random_bits
 from pallas_kernels import bit_tricks, quantize_two_output, timing
@@ -41,7 +42,7 @@ def _hash_rounds(rounds: int):
 
 def _nearest_fed_bits(x, enc, u8):
     # Keeps the random byte live (the hash is still computed) but rounds to nearest.
-    return bit_tricks.nibble_nearest(x, enc) ^ (u8 & jax.numpy.uint32(1))
+    return bit_tricks.nibble_nearest(x, enc) ^ (u8 & jnp.uint32(1))
 
 
 VARIANTS = {

@@ -75,7 +75,7 @@ class QuantizeConfig:
       scales_in_kernel: compute the global scales from the amax in a tiny kernel
         (`pallas_kernels.scale_kernels`, one custom call) instead of in XLA (~360
         operations per output, most of a quantized step's program). The same bits
-        (tested on the H200); compiles the NVFP4 train step in about 0.7x the time
+        (tested on the H200); the NVFP4 train step compiles in 0.55-0.75x the time
         (docs/BENCHMARKS.md, "In-kernel scale math").
     """
 
