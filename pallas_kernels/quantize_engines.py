@@ -378,8 +378,7 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
             plgpu.Barrier(num_barriers=stages),
         ],
         compiler_params=tp.lane_params(
-            reduction_scratch_bytes=max(2048, (bm // 16) * (bk // 16) * 16 * 4),
-            unsafe_no_auto_barriers=not config.store_barriers),
+            reduction_scratch_bytes=max(2048, (bm // 16) * (bk // 16) * 16 * 4)),
         interpret=tp.interpret_params(interpret),
     )
     res = list(kern(tp.as_words(x2), fparams, uparams))

@@ -77,12 +77,6 @@ class QuantizeConfig:
         operations per output, most of a quantized step's program). The same bits
         (tested on the H200); the NVFP4 train step compiles in 0.55-0.75x the time
         (docs/BENCHMARKS.md, "In-kernel scale math").
-      store_barriers: let Mosaic GPU bracket every store with warpgroup barriers (its
-        default, `plgpu.CompilerParams`'s ``unsafe_no_auto_barriers=False``). The
-        quantize kernels need none: each thread writes only its own output elements and
-        never reads them back, reductions across threads carry their own barriers, and
-        the pipeline's `plgpu.commit_smem` (a barrier) ends every tile's reads before the
-        slot is refilled. Off by default; kept to measure what the barriers cost.
     """
 
     block_rows: int = 16
@@ -94,7 +88,6 @@ class QuantizeConfig:
     amax_block_cols: int = 256
     amax_stages: int = 3
     scales_in_kernel: bool = True
-    store_barriers: bool = False
 
     def __post_init__(self):
         for name in ("block_rows", "block_cols", "stages", "ctas_per_sm",
@@ -117,10 +110,8 @@ class QuantizeConfig:
 
     @property
     def label(self) -> str:
-        """Short name for benchmark tables, e.g. ``[16x512 s4 c4]`` (``+bar`` with
-        `store_barriers`)."""
-        bar = " +bar" if self.store_barriers else ""
-        return f"[{self.block_rows}x{self.block_cols} s{self.stages} c{self.ctas_per_sm}{bar}]"
+        """Short name for benchmark tables, e.g. ``[16x512 s4 c4]``."""
+        return f"[{self.block_rows}x{self.block_cols} s{self.stages} c{self.ctas_per_sm}]"
 
 
 DEFAULT_CONFIG = QuantizeConfig()
