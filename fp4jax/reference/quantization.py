@@ -243,12 +243,7 @@ def scaled_codes_bf16(q: NVFP4Array, *, column_pairs: bool = False) -> jax.Array
         # rows would be an XLA concatenate, emitted at a fraction of the bandwidth).
         r2, c = q.data.shape[-2:]
         d2 = q.data.reshape(*q.data.shape[:-1], c // 2, 2)[..., None, :, :]  # (.., r2, 1, c/2, 2)
-        d2 = jnp.broadcast_to(d2, (*d2.shape[:-3], 2, *d2.shape[-2:]))
-        # Nibble p of byte row j is output row 2j + p. The shift is a full-shape iota, which
-        # XLA fuses into each decode: a small shared shift array would be an operand common
-        # to every layer's decode, and XLA then merges them all into one multi-output fusion
-        # that cannot be fused into the GEMMs.
-        shift = lax.broadcasted_iota(jnp.uint8, d2.shape, d2.ndim - 3) << 2
+        shift = lax.broadcasted_iota(jnp.uint8, (2, 1, 1), 0) * jnp.uint8(4)  # row 2j + p
         codes = (d2 >> shift) & 0xF  # (..., r2, 2, c/2, 2)
         s2 = s.reshape(*s.shape[:-1], c // 2, 2)[..., None, :, :]
         vals = _bf16_pairs(codes[..., 0], codes[..., 1], s2[..., 0], s2[..., 1])
