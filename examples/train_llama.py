@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import dataclasses
 import json
 import math
@@ -288,6 +289,12 @@ def make_optimizer(cfg: RunConfig, total_steps: int) -> optax.GradientTransforma
     )
 
 
+RUN_ONLY_FIELDS = frozenset({"seed", "eval_every", "eval_batches", "log_every", "diag_every",
+                             "eval_bf16_forward"})
+"""`RunConfig` fields no compiled program reads: runs differing only in these share a
+`Trainer`'s compiled steps (`Trainer.for_run`)."""
+
+
 class Trainer:
     """Model, policy and compiled functions of one recipe (reusable across runs).
 
@@ -303,16 +310,7 @@ class Trainer:
         self.mesh_rules = (make_mesh_rules(cfg.mesh, fp4_gather=cfg.fp4_gather) if cfg.mesh
                            else None)
         self.batch_sharding = self.mesh_rules.batch_sharding() if self.mesh_rules else None
-        self.model = build_model(model_cfg, nnx.Rngs(cfg.seed))
-        self.report = None
-        recipe_fn = RECIPES[cfg.recipe]
-        if recipe_fn is not None:
-            policy = fp4jax.flax.paper_policy(
-                num_blocks=num_blocks(model_cfg), first=cfg.keep_first, last=cfg.keep_last,
-                recipe=recipe_fn(),
-                extra_rules=[fp4jax.flax.Rule(pattern=p, recipe=None) for p in cfg.keep_patterns],
-            )
-            self.report = fp4jax.flax.nnx.quantize(self.model, policy, impl=cfg.impl)
+        self.model, self.report = self._build_model(cfg.seed)
         loss_fn, self.params0 = train_lib.nnx_loss_fn(self.model, loss_and_metrics)
         schedule = train_lib.PrecisionSchedule.bf16_forward_tail(
             total_steps=total_steps, fraction=cfg.bf16_forward_tail
@@ -326,6 +324,58 @@ class Trainer:
                                                   mesh_rules=self.mesh_rules)
         self.diag_step = train_lib.make_diagnostics_step(loss_fn, has_aux=True,
                                                          mesh_rules=self.mesh_rules)
+
+    def _build_model(self, seed: int):
+        """The model initialized from ``seed``, quantized by the run's policy, and the
+        policy's report (None for BF16)."""
+        cfg = self.cfg
+        model = build_model(self.model_cfg, nnx.Rngs(seed))
+        recipe_fn = RECIPES[cfg.recipe]
+        if recipe_fn is None:
+            return model, None
+        policy = fp4jax.flax.paper_policy(
+            num_blocks=num_blocks(self.model_cfg), first=cfg.keep_first, last=cfg.keep_last,
+            recipe=recipe_fn(),
+            extra_rules=[fp4jax.flax.Rule(pattern=p, recipe=None) for p in cfg.keep_patterns],
+        )
+        return model, fp4jax.flax.nnx.quantize(model, policy, impl=cfg.impl)
+
+    def for_run(self, cfg: RunConfig) -> Trainer:
+        """A trainer for another run of the same programs, sharing this one's compiled steps.
+
+        ``cfg`` may differ from this trainer's only in fields no compiled program reads
+        (`RUN_ONLY_FIELDS`: the seed and the logging, evaluation and diagnostics
+        cadences); the model is initialized from ``cfg.seed``. Each new trainer would
+        trace and compile anew: Pallas Mosaic GPU kernels carry a per-trace name in
+        their serialized module (JAX 0.11.2), so even the persistent compilation cache
+        misses, about a minute per NVFP4 step on the H200.
+
+        Raises:
+          ValueError: if ``cfg`` changes a compiled field, or the seed changes the model's
+            non-parameter state (which the compiled loss holds as constants).
+        """
+        changed = [f.name for f in dataclasses.fields(RunConfig)
+                   if f.name not in RUN_ONLY_FIELDS and getattr(cfg, f.name) != getattr(
+                       self.cfg, f.name)]
+        if changed:
+            raise ValueError(f"for_run: {', '.join(changed)} differ from this trainer's run "
+                             "configuration; those are compiled into its steps: build a new "
+                             "Trainer")
+        new = copy.copy(self)
+        new.cfg = cfg
+        if cfg.seed != self.cfg.seed:
+            model, _ = self._build_model(cfg.seed)
+            _, params0 = train_lib.nnx_loss_fn(model, loss_and_metrics)
+            old_rest, new_rest = (nnx.split(m, nnx.Param, ...)[2] for m in (self.model, model))
+            same = jax.tree.structure(params0) == jax.tree.structure(self.params0) and all(
+                np.array_equal(a, b) for a, b in zip(jax.tree.leaves(old_rest),
+                                                      jax.tree.leaves(new_rest), strict=True))
+            if not same:
+                raise ValueError("for_run: the model built from seed "
+                                 f"{cfg.seed} differs from this trainer's beyond its "
+                                 "parameters: build a new Trainer")
+            new.model, new.params0 = model, params0
+        return new
 
     def init(self, total_steps: int) -> train_lib.TrainState:
         """A fresh state (same init for every recipe: quantization does not touch params)."""

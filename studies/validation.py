@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -584,12 +585,26 @@ def finished(results: Path, unit: Unit) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def estimate_s(spec: StudySpec, unit: Unit, results: Path) -> float | None:
+def _reusable(trainer: tl.Trainer | None, spec: StudySpec, unit: Unit) -> tl.Trainer | None:
+    """``trainer`` set up for ``unit`` when its compiled steps serve it (`Trainer.for_run`),
+    else None."""
+    if trainer is None or trainer.model_cfg != spec.model_config():
+        return None
+    try:
+        return trainer.for_run(spec.run_config(unit))
+    except ValueError:
+        return None
+
+
+def estimate_s(spec: StudySpec, unit: Unit, results: Path, *, compiled: bool = False
+               ) -> float | None:
     """Seconds the unit is expected to take, or None when nothing comparable has finished.
 
     From the finished units of the same variant, else of the variants that are as
-    quantized (BF16 or NVFP4): the largest of their compilation time plus the rest of
-    their time scaled to this unit's steps (a seed that compiled from scratch counts).
+    quantized (BF16 or NVFP4): the median of their time after compiling, scaled to this
+    unit's steps, plus (unless ``compiled``: the unit reuses compiled steps) the largest
+    compilation time. The median, because a unit cut off and resumed in a later call
+    counts its compilations and evaluations twice.
     """
     steps = spec.steps(unit.tokens_per_param)
     same, alike = [], []
@@ -601,9 +616,12 @@ def estimate_s(spec: StudySpec, unit: Unit, results: Path) -> float | None:
                 same.append(r)
             elif spec.variant(u.variant).quantized == quantized:
                 alike.append(r)
-    return max(((r.get("compile_s") or 0.0)
-                + (r["train_wall_s"] - (r.get("compile_s") or 0.0)) * steps / r["steps"]
-                for r in same or alike), default=None)
+    done = same or alike
+    if not done:
+        return None
+    compile_s = 0.0 if compiled else max(r.get("compile_s") or 0.0 for r in done)
+    return compile_s + float(statistics.median([
+        (r["train_wall_s"] - (r.get("compile_s") or 0.0)) * steps / r["steps"] for r in done]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -786,9 +804,11 @@ def run_study(
     # A unit with a checkpoint goes first: it is what the previous call left.
     todo.sort(key=lambda u: not (work_dir(results, u) / "ckpt").exists())
     outcomes = []
+    trainer = None  # the previous unit's, reused when only the seed or cadences change
     for unit in todo:
         left = deadline - time.perf_counter()
-        est = estimate_s(spec, unit, results)
+        reused = _reusable(trainer, spec, unit)
+        est = estimate_s(spec, unit, results, compiled=reused is not None)
         if left < min(30.0, 0.1 * budget_s) or (est is not None
                                                  and left < est <= budget_s - reserve_s):
             print(f"[{spec.name}] {left:.0f}s left, {unit.name} needs ~{est or 0:.0f}s: "
@@ -802,9 +822,10 @@ def run_study(
         print(f"[{spec.name}] {unit.name}: {steps} steps, "
               f"{steps * spec.batch * spec.seq / spec.params:.1f} tokens/param, "
               f"{epochs:.3f} epochs" + (f", ~{est:.0f}s expected" if est else ""), flush=True)
+        trainer = reused or tl.Trainer(spec.model_config(), spec.run_config(unit), steps)
         try:
             out = run_unit(spec, unit, results, corpora[unit.corpus], deadline=deadline,
-                           command=command, progress=progress)
+                           trainer=trainer, command=command, progress=progress)
         except TooLong as e:
             print(f"SKIPPED {unit.name}: {e}", flush=True)
             continue

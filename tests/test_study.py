@@ -100,6 +100,8 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
         {"compile_s": 5.0, "train_wall_s": 45.0, "steps": 4, "final_val_bpb": 1.0}))
     est = validation.estimate_s(spec, validation.Unit("python", 0.003, "bf16", 1), tmp_path)
     assert est == 5.0 + 8 * 10.0
+    assert validation.estimate_s(spec, validation.Unit("python", 0.003, "bf16", 1), tmp_path,
+                                 compiled=True) == 8 * 10.0  # a reused trainer: no compile
     begun = time.perf_counter() - 50.0  # 40 s left: too few for 85, enough for a new call
     out = validation.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
                                corpora={"python": _corpus()}, t_begin=begun)
@@ -233,3 +235,26 @@ def test_docstring_examples_of_the_study_modules_run():
     for t in finder.find(data.prose_blocks, "prose_blocks", globs=dict(vars(data))):
         runner.run(t)
     assert runner.failures == 0 and runner.tries > 0
+
+
+def test_a_trainer_reused_for_another_seed_trains_as_a_fresh_one_without_recompiling(
+        tmp_path):
+    """`Trainer.for_run` with seed 1 on a seed-0 trainer: the unit's parameters after 2
+    steps equal a fresh seed-1 trainer's bitwise, its step is not traced again, and a
+    change to a compiled field (the learning rate) is refused."""
+    seed0, seed1 = (validation.Unit("python", 0.003, "bf16", s) for s in (0, 1))
+    corpus = _corpus()
+    first = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed0), 8)
+    validation.run_unit(TINY, seed0, tmp_path / "a", corpus, trainer=first, stop_at=2)
+    traced = first.step.jitted._cache_size()
+    reused = first.for_run(TINY.run_config(seed1))
+    got = validation.run_unit(TINY, seed1, tmp_path / "b", corpus, trainer=reused, stop_at=2)
+    assert reused.step.jitted._cache_size() == traced
+    fresh = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed1), 8)
+    want = validation.run_unit(TINY, seed1, tmp_path / "c", corpus, trainer=fresh, stop_at=2)
+    a, b = _leaves(got.state.params), _leaves(want.state.params)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(
+        _leaves(reused.params0), _leaves(first.params0), strict=True))  # seed 1's own init
+    with pytest.raises(ValueError, match="lr"):
+        first.for_run(dataclasses.replace(TINY.run_config(seed1), lr=1e-3))
