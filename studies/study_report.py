@@ -428,8 +428,10 @@ results; the checkpoint of a unit the budget cut off, when it fits the tool's 64
 `long_data` model's does; a `pure_llama` or `hybrid` unit's does not and restarts:
 `run` starts a unit only when the time measured on an earlier unit of its kind fits
 what is left); and the newest entries of the persistent compilation cache
-(`studies/results/STUDY/work/jax_cache`), so that the next call skips compiling the
-variant it continues. Within a call the cache also serves the later seeds of a variant.
+(`studies/results/STUDY/work/jax_cache`), which serve the BF16 variants in the next call
+(an NVFP4 step compiles anew in each call: its Pallas Mosaic GPU kernels carry a
+per-trace name in their serialized modules, JAX 0.11.2). Within a call the later seeds of
+a variant reuse the first seed's compiled steps.
 
 First call on a machine: `plan pure_llama` prints the corpora as that interpreter has
 them and the epochs each run reads (the prose corpus is much smaller than the Python one;

@@ -20,8 +20,11 @@ budget saves a checkpoint and continues in the next call; a finished unit writes
 ``<results>/<unit>.json`` (validation curve, final validation loss in bits per byte,
 training curve, step times, per-layer quantization diagnostics, the environment). Those
 JSON files are the results: commit them. The working files (checkpoints, metrics,
-``jax_cache/``, the persistent compilation cache that lets later seeds of a variant skip
-compilation) live under ``<results>/work`` and are not committed.
+``jax_cache/``, the persistent compilation cache) live under ``<results>/work`` and are
+not committed. Within a call, the later seeds of a variant reuse the first one's compiled
+steps (`train_llama.Trainer.for_run`): the persistent cache cannot serve them when the
+step holds Pallas Mosaic GPU kernels, whose serialized modules carry a per-trace name
+(JAX 0.11.2).
 
 Device calls start on a fresh machine unless the previous call ended moments before, so
 ``run --handoff DIR`` also writes into ``DIR`` (the device tool's ``$OUT``) the results,
