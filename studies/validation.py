@@ -603,28 +603,33 @@ def estimate_s(spec: StudySpec, unit: Unit, results: Path, *, compiled: bool = F
                ) -> float | None:
     """Seconds the unit is expected to take, or None when nothing comparable has finished.
 
-    From the finished units of the same variant, else of the variants that are as
-    quantized (BF16 or NVFP4): the median of their time after compiling, scaled to this
-    unit's steps, plus (unless ``compiled``: the unit reuses compiled steps) the largest
-    compilation time. The median, because a unit cut off and resumed in a later call
-    counts its compilations and evaluations twice.
+    From the finished units that are as quantized (BF16 or NVFP4): the median training
+    time (without compilation and pauses) of those of the same variant if any, scaled
+    to this unit's steps; plus the median pause (evaluations and diagnostics: as many per
+    unit whatever its length, and the first diagnostics sample compiles) of those with
+    the same diagnostics setting if any; plus, unless ``compiled`` (the unit reuses
+    compiled steps), the largest compilation time. Medians, because a unit cut off and
+    resumed in a later call counts its compilations twice.
     """
     steps = spec.steps(unit.tokens_per_param)
-    same, alike = [], []
+    diag = spec.run_config(unit).diag_every > 0
     quantized = spec.variant(unit.variant).quantized
-    for u in spec.units():
-        r = finished(results, u)
-        if r and r.get("train_wall_s") and r.get("steps"):
-            if u.variant == unit.variant:
-                same.append(r)
-            elif spec.variant(u.variant).quantized == quantized:
-                alike.append(r)
-    done = same or alike
-    if not done:
+    alike = [(u, r) for u in spec.units() if spec.variant(u.variant).quantized == quantized
+             for r in [finished(results, u)] if r and r.get("train_wall_s") and r.get("steps")]
+    if not alike:
         return None
-    compile_s = 0.0 if compiled else max(r.get("compile_s") or 0.0 for r in done)
-    return compile_s + float(statistics.median([
-        (r["train_wall_s"] - (r.get("compile_s") or 0.0)) * steps / r["steps"] for r in done]))
+
+    def paused(r):
+        return sum(s.get("paused_s") or 0.0 for s in r.get("segments", ()))
+
+    timed = [r for u, r in alike if u.variant == unit.variant] or [r for _, r in alike]
+    paused_by = ([r for u, r in alike if (spec.run_config(u).diag_every > 0) == diag]
+                 or [r for _, r in alike])
+    compile_s = 0.0 if compiled else max(r.get("compile_s") or 0.0 for r in timed)
+    train = statistics.median(
+        (r["train_wall_s"] - (r.get("compile_s") or 0.0) - paused(r)) * steps / r["steps"]
+        for r in timed)
+    return compile_s + train + statistics.median(paused(r) for r in paused_by)
 
 
 # ---------------------------------------------------------------------------------------
