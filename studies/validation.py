@@ -49,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -321,15 +322,35 @@ STUDIES = {s.name: s for s in (
 # Running units
 
 
+def _git(*args: str, env: dict[str, str] | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], text=True, capture_output=True,
+                             timeout=60, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_tree() -> str | None:
+    """Git tree hash of the working tree as it is (tracked and untracked, not ignored files).
+
+    It names the code that ran even where the repository's HEAD is stale (the device
+    machine receives a copy of the working tree): ``git log --format='%h %T'`` finds
+    the commit whose tree it is. Written through a temporary index; HEAD, the index and
+    the files are untouched.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        if _git("add", "-A", ".", env=env) is None:
+            return None
+        return _git("write-tree", env=env) or None
+
+
 def environment(command: str) -> dict[str, Any]:
-    """Where and how a segment of a unit ran."""
+    """Where and how a segment of a unit ran (``git_tree``: `source_tree`; ``git_commit``:
+    the copy's HEAD, which can be older than the code on a device machine)."""
     import jaxlib  # noqa: PLC0415
 
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], text=True,
-                                capture_output=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
     return {
         "device": str(jax.devices()[0].device_kind),
         "backend": jax.default_backend(),
@@ -339,7 +360,8 @@ def environment(command: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
-        "git_commit": commit,
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_tree": source_tree(),
     }
 
 
