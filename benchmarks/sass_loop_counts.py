@@ -1,0 +1,80 @@
+"""Instruction counts of a quantize kernel's main loop, from its SASS (``cuobjdump -sass``).
+
+    PYTHONPATH=. python benchmarks/sass_loop_counts.py K.sass [K2.sass ...] \\
+        --elements-per-thread 64 --split 'ST\\.E\\.64'
+
+The main loop is the span of the backward branch that covers the most instructions.
+``--split REGEX`` cuts it after the last instruction matching REGEX (the two-output
+kernels store the rowwise engine's codes with ``ST.E.64``: the split separates the
+rowwise from the columnwise engine). Prints instructions per loop iteration and per
+element (``--elements-per-thread``: a 64×128 tile over 128 threads is 64), each part's
+share, and the opcode histogram side by side. The SASS of the two-output kernels is in
+``benchmarks/results/2026-12-01-h200f/call3/sass.tgz`` (``gpu_session_f3.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+_BRA = re.compile(r"BRA\s+(?:`?\(?\.?L?_?x?)?0x([0-9a-f]+)")
+
+
+def instructions(path: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction of a SASS listing."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            m = _INSTR.match(line)
+            if m:
+                out.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    return out
+
+
+def main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The instructions of the longest backward branch's span (target .. branch)."""
+    best = (0, 0)
+    for i, (addr, op, args) in enumerate(instrs):
+        m = _BRA.search(op + args) if op == "BRA" else None
+        if m and int(m.group(1), 16) < addr:
+            start = next(j for j, ins in enumerate(instrs) if ins[0] >= int(m.group(1), 16))
+            best = max(best, (i - start, start), key=lambda t: t[0])
+    n, start = best
+    return instrs[start:start + n + 1]
+
+
+def summarize(path: str, per_thread: int, split: str | None) -> dict:
+    loop = main_loop(instructions(path))
+    parts = [loop]
+    if split:
+        hits = [i for i, (_, op, args) in enumerate(loop) if re.search(split, op + args)]
+        if hits:
+            parts = [loop[:hits[-1] + 1], loop[hits[-1] + 1:]]
+    ops = collections.Counter(op.split(".")[0] for _, op, _ in loop)
+    return {"path": path, "loop": len(loop), "per_element": len(loop) / per_thread,
+            "parts": [len(p) / per_thread for p in parts], "ops": ops}
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sass", nargs="+")
+    p.add_argument("--elements-per-thread", type=int, default=64)
+    p.add_argument("--split", default=r"ST\.E\.64")
+    a = p.parse_args(argv)
+    rows = [summarize(s, a.elements_per_thread, a.split) for s in a.sass]
+    for r in rows:
+        parts = " + ".join(f"{x:.1f}" for x in r["parts"])
+        print(f"{r['path']}: {r['loop']} instructions per loop iteration, "
+              f"{r['per_element']:.1f} per element ({parts})")
+    ops = sorted(set().union(*(r["ops"] for r in rows)), key=lambda o: -rows[-1]["ops"][o])
+    print("| opcode | " + " | ".join(f"kernel {i + 1}" for i in range(len(rows))) + " |")
+    print("| --- |" + " --- |" * len(rows))
+    for o in ops[:20]:
+        print(f"| {o} | " + " | ".join(str(r["ops"][o]) for r in rows) + " |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
