@@ -15,12 +15,14 @@ lowered exactly as there. Nothing is compiled.
 Each repeat starts from empty JAX caches (``jax.clear_caches()``, a fresh `Trainer`);
 the table gives the fastest repeat of trace and of lower (a shared machine's load only
 adds time), in wall and in this process's CPU seconds (less sensitive to the load). It
-also counts the lowered module's StableHLO operations, its Mosaic GPU custom calls and
-their distinct kernels (serialized kernel modules). JAX traces a kernel body once per
-trace of the function that launches it and lowers each traced body once per module, so
-distinct kernels close to the calls means no kernel is built twice. ``--profile N``
-prints the N functions of largest cumulative time of the first repeat (cProfile,
-excluded from the fastest) and the time inside Mosaic GPU kernel tracing and lowering.
+also counts the lowered module's StableHLO operations, its Mosaic GPU custom calls (in
+the text, and the launches XLA sees once calls are inlined) and its kernel lowerings:
+each lowering serializes a kernel module of its own (its ``kernel_hash`` differs even
+for identical kernels), which XLA then compiles once per hash. JAX traces a kernel body
+once per trace of the function that launches it and lowers each traced body once per
+module. ``--profile N`` prints the N functions of largest cumulative time of the first
+repeat (cProfile, excluded from the fastest) and the time inside Mosaic GPU kernel
+tracing and lowering.
 """
 
 from __future__ import annotations
@@ -68,8 +70,46 @@ def as_hopper() -> Iterator[None]:
         implementation.gpu_capability = saved
 
 
+def kernel_launches(hlo_text: str) -> int:
+    r"""Mosaic GPU custom calls of an HLO module with every ``call`` inlined: the kernel
+    launches XLA compiles (a function called from several places holds one in the text).
+
+    Example:
+      >>> t = ('f {\n  ROOT k = f32[] custom-call(), custom_call_target="mosaic_gpu_v2"\n}\n'
+      ...      'ENTRY main {\n  a = f32[] call(), to_apply=f\n  ROOT b = f32[] call(), '
+      ...      'to_apply=f\n}')
+      >>> kernel_launches(t)
+      2
+    """
+    comps: dict[str, tuple[int, list[str]]] = {}
+    entry = name = None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            if line.startswith("HloModule"):
+                continue
+            words = line.split()
+            name = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
+            entry = name if words[0] == "ENTRY" else entry
+            comps[name] = (0, [])
+        elif name is not None:
+            n, calls = comps[name]
+            m = re.search(r"\scall\(.*to_apply=%?([\w.\-]+)", line)
+            comps[name] = (n + ('custom_call_target="mosaic_gpu_v2"' in line),
+                           calls + [m.group(1)] if m else calls)
+    memo: dict[str, int] = {}
+
+    def count(c: str) -> int:
+        if c not in memo:
+            n, calls = comps[c]
+            memo[c] = n + sum(count(x) for x in calls)
+        return memo[c]
+
+    return count(entry) if entry else 0
+
+
 def module_stats(mlir_text: str) -> dict[str, int]:
-    """StableHLO operations, Mosaic GPU custom calls and distinct kernels of a module.
+    """StableHLO operations, Mosaic GPU custom calls and kernel lowerings (distinct
+    ``kernel_hash`` values) of a lowered module's text.
 
     Example:
       >>> t = ('%0 = stablehlo.add %a, %b : tensor<f32>\\n'
@@ -106,7 +146,8 @@ def lower_once(a: argparse.Namespace, profile: cProfile.Profile | None = None
             profile.disable()
     text = lowered.as_text()
     return {"trace_s": t1 - t0, "lower_s": t2 - t1, "trace_cpu_s": c1 - c0,
-            "lower_cpu_s": c2 - c1, **module_stats(text)}, text
+            "lower_cpu_s": c2 - c1, **module_stats(text),
+            "mosaic_launches": kernel_launches(lowered.as_text(dialect="hlo"))}, text
 
 
 def profile_summary(profile: cProfile.Profile, top: int) -> tuple[str, list[dict]]:
@@ -187,12 +228,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"fastest of {len(timed)} repeat(s)" + (" (the profiled one excluded)"
                                                   if len(timed) < len(runs) else ""))
     print("| trace s | lower s | trace + lower s | CPU s (trace + lower) | StableHLO ops "
-          "| functions | Mosaic calls | Mosaic kernels |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| functions | Mosaic calls in the text | launches (calls inlined) "
+          "| kernels lowered |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {best['trace_s']:.2f} | {best['lower_s']:.2f} | "
           f"{best['trace_s'] + best['lower_s']:.2f} | "
           f"{best['trace_cpu_s']:.2f} + {best['lower_cpu_s']:.2f} | {result['stablehlo_ops']} | "
-          f"{result['functions']} | {result['mosaic_calls']} | {result['mosaic_kernels']} |")
+          f"{result['functions']} | {result['mosaic_calls']} | {result['mosaic_launches']} | "
+          f"{result['mosaic_kernels']} |")
     return result
 
 
