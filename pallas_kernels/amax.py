@@ -103,11 +103,20 @@ def run_amax(x2: jax.Array, want_rht: bool, signs, config: Any, interpret: bool)
       x2: bfloat16/float16 ``(M, K)``, ``K % 128 == 0``, ``M % 16 == 0`` (``% 64`` with
         ``want_rht``).
       want_rht: also reduce the columnwise (along M) random Hadamard transform of ``x2``.
-      signs: the RHT sign vector (used with ``want_rht``).
+      signs: the RHT sign vector (a tuple; used with ``want_rht``).
       config: a `pallas_kernels.quantize_single.QuantizeConfig` (its ``amax_*`` tiling
         and grid fields are read).
       interpret: Mosaic GPU interpret mode (CPU).
     """
+    # Jitted: the amax pass of a tensor shape is the same kernel in every quantize launch
+    # that needs it (e.g. the round-to-nearest and the stochastic two-output launches), so
+    # it is traced and lowered once per step.
+    signs = tuple(signs) if want_rht and signs is not None else None
+    return _run_amax_jit(x2, bool(want_rht), signs, config, bool(interpret))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _run_amax_jit(x2: jax.Array, want_rht: bool, signs, config: Any, interpret: bool):
     m, k = x2.shape
     bm = tp.pick_block(m, config.amax_block_rows, 64 if want_rht else 16)
     bk = tp.pick_block(k, config.amax_block_cols, 128)

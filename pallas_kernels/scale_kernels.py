@@ -72,6 +72,23 @@ def _launch(body, amaxes: jax.Array, n_out: int, name: str, interpret: bool) -> 
     return kernel(amaxes)
 
 
+# Jitted per kernel: a step calls these from many traced functions (each layer shape's
+# quantizations, forward and backward), and a jitted function is traced and lowered once
+# per operand shape, so each distinct kernel is built once (~0.25 s of host time each).
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def _scale_params_jit(amaxes: jax.Array, *, interpret: bool) -> jax.Array:
+    n = amaxes.shape[0]
+    return _launch(functools.partial(_scale_params_kernel, n=n), amaxes, n * SCALE_PARAMS,
+                   "fp4jax_scale_params", interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def _output_scales_jit(amaxes: jax.Array, *, interpret: bool) -> jax.Array:
+    n = amaxes.shape[0] // 2
+    return _launch(functools.partial(_output_scales_kernel, n=n), amaxes, n,
+                   "fp4jax_output_scales", interpret)
+
+
 def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = False
                  ) -> jax.Array:
     """The quantize kernel's float32 parameters of outputs with these finite amaxes.
@@ -85,10 +102,8 @@ def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = Fa
     Returns:
       float32[len(amaxes) * SCALE_PARAMS].
     """
-    n = len(amaxes)
     a = jnp.stack([jnp.asarray(x, _F32) for x in amaxes])
-    return _launch(functools.partial(_scale_params_kernel, n=n), a, n * SCALE_PARAMS,
-                   "fp4jax_scale_params", interpret)
+    return _scale_params_jit(a, interpret=bool(interpret))
 
 
 def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLike]], *,
@@ -98,7 +113,5 @@ def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLi
     Returns:
       float32[len(pairs)], bit for bit the XLA computation's (NaN for a NaN amax).
     """
-    n = len(pairs)
     a = jnp.stack([jnp.asarray(x, _F32) for pair in pairs for x in pair])
-    return _launch(functools.partial(_output_scales_kernel, n=n), a, n, "fp4jax_output_scales",
-                   interpret)
+    return _output_scales_jit(a, interpret=bool(interpret))

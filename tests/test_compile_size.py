@@ -131,3 +131,41 @@ def test_in_kernel_scale_math_leaves_xla_no_division(monkeypatch):
     assert "count_leading_zeros" not in text
     ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
     assert ops <= 600, ops
+
+
+def test_each_mosaic_kernel_of_a_step_is_lowered_once(monkeypatch):
+    """Two stacked square NVFP4 linear layers, forward and backward, every quantization
+    through the Pallas kernels as ``impl="auto"`` picks them on an H200 (the GEMMs kept in
+    XLA), lowered for CUDA on the host: each distinct Mosaic GPU kernel is traced and
+    lowered once, however many layers, passes and launches use it. A lowering makes a
+    serialized kernel module of its own (its hash in the custom call), so distinct hashes
+    count lowerings: 9, one per kernel (the amax pass of X and dY, which have one shape;
+    the two-output quantize, round-to-nearest and stochastic; the weight's 16×16 quantize
+    and its amax pass; the scale parameters of one and of two outputs; the output scales
+    of one and of two GEMMs). Before the amax pass and the scale kernels were jitted per
+    launch: 11 (the amax pass and the two-output scale parameters lowered again for the
+    backward pass)."""
+    from fp4jax import implementation
+
+    monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
+    monkeypatch.setattr(implementation, "auto_prefers_gemm_kernel", lambda *_: False)
+
+    def fwd_bwd(x, w1, w2, key):
+        def two_layers(x, w1, w2):
+            h = fp4jax.dot_general(x, w1, _LINEAR, key=jax.random.fold_in(key, 1), impl="auto")
+            return fp4jax.dot_general(h, w2, _LINEAR, key=jax.random.fold_in(key, 2), impl="auto")
+
+        y, vjp = jax.vjp(two_layers, x, w1, w2)
+        return vjp(jnp.ones_like(y))
+
+    square = jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)
+    jax.clear_caches()  # no kernel traced by an earlier test (the count is of this trace)
+    try:
+        text = jax.jit(fwd_bwd).trace(square, square, square, jax.random.key(0)).lower(
+            lowering_platforms=("cuda",)).as_text()
+    finally:
+        jax.clear_caches()
+    calls = len(re.findall(r"custom_call @mosaic_gpu_v2\(", text))
+    lowered = len(set(re.findall(r'kernel_hash = "((?:[^"\\]|\\.)*)"', text)))
+    assert calls >= 9, calls  # the quantizations are kernels (13 calls of the 9)
+    assert lowered <= 9, lowered
