@@ -22,6 +22,7 @@ import handoff  # noqa: E402
 import study_report  # noqa: E402
 import study_specs  # noqa: E402
 import train_llama  # noqa: E402
+import unit_records  # noqa: E402
 import validation  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
@@ -228,7 +229,7 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (study_specs, study_report, handoff):
+    for mod in (study_specs, unit_records, study_report, handoff):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
