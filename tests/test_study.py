@@ -23,6 +23,7 @@ import study_report  # noqa: E402
 import study_specs  # noqa: E402
 import train_llama  # noqa: E402
 import unit_records  # noqa: E402
+import unit_runs  # noqa: E402
 import validation  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
@@ -60,12 +61,12 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     assert TINY.steps(unit.tokens_per_param) == 8
     corpus = _corpus()
     trainer = train_llama.Trainer(TINY.model_config(), TINY.run_config(unit), 8)
-    straight = validation.run_unit(TINY, unit, tmp_path / "a", corpus, trainer=trainer)
+    straight = unit_runs.run_unit(TINY, unit, tmp_path / "a", corpus, trainer=trainer)
     assert straight.finished and straight.steps == 8 and trainer.report is not None
 
-    cut = validation.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
+    cut = unit_runs.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
     assert not cut.finished and cut.steps == 4
-    assert not validation.result_path(tmp_path / "b", unit).exists()
+    assert not unit_runs.result_path(tmp_path / "b", unit).exists()
     cache = tmp_path / "cache"  # stands for the persistent compilation cache
     (cache / "sub").mkdir(parents=True)
     (cache / "jit_step-1-cache").write_bytes(b"x" * 3000)
@@ -78,7 +79,7 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     notes = validation.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
                                        tmp_path / "cache2")
     assert len(notes) == 2 and (tmp_path / "cache2" / "sub" / "autotune").read_bytes() == b"y" * 10
-    resumed = validation.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
+    resumed = unit_runs.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
     assert resumed.finished and resumed.steps == 8
 
     a, c = _leaves(straight.state.params), _leaves(resumed.state.params)
@@ -87,9 +88,9 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     assert ra["val_curve"] == rc["val_curve"] and [s for s, *_ in ra["val_curve"]] == [4, 8]
     assert ra["train_curve"] == rc["train_curve"] and ra["final_val_bpb"] == rc["final_val_bpb"]
     assert [(s["from"], s["to"]) for s in rc["segments"]] == [(0, 4), (4, 8)]
-    assert json.loads(validation.result_path(tmp_path / "c", unit).read_text())[
+    assert json.loads(unit_runs.result_path(tmp_path / "c", unit).read_text())[
         "final_val_bpb"] == rc["final_val_bpb"]
-    assert not (validation.work_dir(tmp_path / "c", unit) / "ckpt").exists()  # done: dropped
+    assert not (unit_runs.work_dir(tmp_path / "c", unit) / "ckpt").exists()  # done: dropped
     assert rc["quantized_layers"] == 1  # the property is checked on an NVFP4 run
 
 
@@ -100,12 +101,12 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
     done = study_specs.Unit("python", 0.003, "bf16", 0)
     (tmp_path / f"{done.name}.json").write_text(json.dumps(
         {"compile_s": 5.0, "train_wall_s": 45.0, "steps": 4, "final_val_bpb": 1.0}))
-    est = validation.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path)
+    est = unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path)
     assert est == 5.0 + 8 * 10.0
-    assert validation.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path,
+    assert unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path,
                                  compiled=True) == 8 * 10.0  # a reused trainer: no compile
     begun = time.perf_counter() - 50.0  # 40 s left: too few for 85, enough for a new call
-    out = validation.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
+    out = unit_runs.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
                                corpora={"python": _corpus()}, t_begin=begun)
     assert out == []
 
@@ -229,7 +230,7 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (study_specs, unit_records, study_report, handoff):
+    for mod in (study_specs, unit_records, unit_runs, study_report, handoff):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
@@ -247,13 +248,13 @@ def test_a_trainer_reused_for_another_seed_trains_as_a_fresh_one_without_recompi
     seed0, seed1 = (study_specs.Unit("python", 0.003, "bf16", s) for s in (0, 1))
     corpus = _corpus()
     first = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed0), 8)
-    validation.run_unit(TINY, seed0, tmp_path / "a", corpus, trainer=first, stop_at=2)
+    unit_runs.run_unit(TINY, seed0, tmp_path / "a", corpus, trainer=first, stop_at=2)
     traced = first.step.jitted._cache_size()
     reused = first.for_run(TINY.run_config(seed1))
-    got = validation.run_unit(TINY, seed1, tmp_path / "b", corpus, trainer=reused, stop_at=2)
+    got = unit_runs.run_unit(TINY, seed1, tmp_path / "b", corpus, trainer=reused, stop_at=2)
     assert reused.step.jitted._cache_size() == traced
     fresh = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed1), 8)
-    want = validation.run_unit(TINY, seed1, tmp_path / "c", corpus, trainer=fresh, stop_at=2)
+    want = unit_runs.run_unit(TINY, seed1, tmp_path / "c", corpus, trainer=fresh, stop_at=2)
     a, b = _leaves(got.state.params), _leaves(want.state.params)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(
