@@ -19,16 +19,16 @@ sys.path.insert(0, os.path.join(REPO, "studies"))
 
 import data  # noqa: E402
 import handoff  # noqa: E402
+import study_handoff  # noqa: E402
 import study_report  # noqa: E402
 import study_specs  # noqa: E402
 import train_llama  # noqa: E402
 import unit_records  # noqa: E402
 import unit_runs  # noqa: E402
-import validation  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
 DOWN_ONLY = study_specs.Variant("down_only", "nvfp4",
-                              keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
+                                keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
 """Recipe.nvfp4() (RHT, SR, 2D weights) on the MLP's down projection only: one NVFP4
 layer compiles in a few seconds on a CPU, seven take three times as long."""
 
@@ -71,13 +71,13 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     (cache / "sub").mkdir(parents=True)
     (cache / "jit_step-1-cache").write_bytes(b"x" * 3000)
     (cache / "sub" / "autotune").write_bytes(b"y" * 10)
-    notes = validation.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
+    notes = study_handoff.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
     assert any("step 4" in n for n in notes) and any("2 of 2" in n for n in notes), notes
-    validation.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
+    study_handoff.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
     assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == [
         "cache-tiny.tar.part0", f"partial-tiny-{unit.name}-step4.tar.part0"]
-    notes = validation.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
-                                       tmp_path / "cache2")
+    notes = study_handoff.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
+                                          tmp_path / "cache2")
     assert len(notes) == 2 and (tmp_path / "cache2" / "sub" / "autotune").read_bytes() == b"y" * 10
     resumed = unit_runs.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
     assert resumed.finished and resumed.steps == 8
@@ -104,10 +104,10 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
     est = unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path)
     assert est == 5.0 + 8 * 10.0
     assert unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path,
-                                 compiled=True) == 8 * 10.0  # a reused trainer: no compile
+                                compiled=True) == 8 * 10.0  # a reused trainer: no compile
     begun = time.perf_counter() - 50.0  # 40 s left: too few for 85, enough for a new call
     out = unit_runs.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
-                               corpora={"python": _corpus()}, t_begin=begun)
+                              corpora={"python": _corpus()}, t_begin=begun)
     assert out == []
 
 
@@ -230,7 +230,7 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (study_specs, unit_records, unit_runs, study_report, handoff):
+    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_report, handoff):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
