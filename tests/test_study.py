@@ -25,6 +25,7 @@ import study_specs  # noqa: E402
 import train_llama  # noqa: E402
 import unit_records  # noqa: E402
 import unit_runs  # noqa: E402
+import validation  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
 DOWN_ONLY = study_specs.Variant("down_only", "nvfp4",
@@ -110,6 +111,18 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
                               corpora={"python": _corpus()}, t_begin=begun)
     assert out == []
 
+
+def test_cli_plan_prints_the_study_and_each_units_state(tmp_path, capsys):
+    """``validation.py plan STUDY --no-corpus``, the command line over the study modules:
+    the study's title, a finished unit with its final loss, every other unit not started."""
+    spec = study_specs.STUDIES["smoke"]
+    done = spec.units()[0]
+    (tmp_path / f"{done.name}.json").write_text(json.dumps({"final_val_bpb": 1.25}))
+    assert validation.main(["plan", "smoke", "--no-corpus", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"[smoke] {spec.title}"
+    assert f"  {done.name:<34} done: val 1.2500 bpb" in out
+    assert sum(line.endswith(" not started") for line in out) == len(spec.units()) - 1
 
 def test_t_table_is_the_student_t_quantile():
     """Each tabulated t(0.975, df) has CDF 0.975 (regularized incomplete beta from JAX:
