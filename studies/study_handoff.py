@@ -24,7 +24,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from study_specs import StudySpec, Unit
+from study_specs import StudySpec, Unit  # first: it puts examples/ on sys.path
 
 # isort: split
 import handoff

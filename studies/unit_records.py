@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from study_specs import REPO
+from study_specs import REPO  # first: it puts examples/ on sys.path
 
 # isort: split
 import data as data_lib

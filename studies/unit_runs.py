@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from study_specs import CORPORA, StudySpec, Unit
+from study_specs import CORPORA, StudySpec, Unit  # first: it puts examples/ on sys.path
 
 # isort: split
 import data as data_lib

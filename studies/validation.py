@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from study_specs import CORPORA, REPO, STUDIES, VARIANTS
+from study_specs import CORPORA, REPO, STUDIES, VARIANTS  # first: it puts examples/ on sys.path
 
 # isort: split
 import data as data_lib
