@@ -19,17 +19,21 @@ sys.path.insert(0, os.path.join(REPO, "studies"))
 
 import data  # noqa: E402
 import handoff  # noqa: E402
+import study_handoff  # noqa: E402
 import study_report  # noqa: E402
+import study_specs  # noqa: E402
 import train_llama  # noqa: E402
+import unit_records  # noqa: E402
+import unit_runs  # noqa: E402
 import validation  # noqa: E402
 from llama import LlamaConfig  # noqa: E402
 
-DOWN_ONLY = validation.Variant("down_only", "nvfp4",
-                              keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
+DOWN_ONLY = study_specs.Variant("down_only", "nvfp4",
+                                keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
 """Recipe.nvfp4() (RHT, SR, 2D weights) on the MLP's down projection only: one NVFP4
 layer compiles in a few seconds on a CPU, seven take three times as long."""
 
-TINY = validation.StudySpec(
+TINY = study_specs.StudySpec(
     name="tiny", title="test", item="-", model=LlamaConfig(dim=64, layers=1, heads=2),
     corpora=("python",), tokens_per_param=(0.003,), variants=("bf16", "down_only"),
     seeds=(0,), batch=2, seq=16, evals=2, eval_batches=2, diag_samples=0, checkpoints=2,
@@ -54,29 +58,29 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     (pack -> unpack -> carry -> restore into a fresh results folder), 4 more steps —
     bitwise on every parameter, and the same validation curve, training curve and final
     loss. Only a restored state reaches step 8: the cut-off call stops at 4."""
-    unit = validation.Unit("python", 0.003, "down_only", 0)
+    unit = study_specs.Unit("python", 0.003, "down_only", 0)
     assert TINY.steps(unit.tokens_per_param) == 8
     corpus = _corpus()
     trainer = train_llama.Trainer(TINY.model_config(), TINY.run_config(unit), 8)
-    straight = validation.run_unit(TINY, unit, tmp_path / "a", corpus, trainer=trainer)
+    straight = unit_runs.run_unit(TINY, unit, tmp_path / "a", corpus, trainer=trainer)
     assert straight.finished and straight.steps == 8 and trainer.report is not None
 
-    cut = validation.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
+    cut = unit_runs.run_unit(TINY, unit, tmp_path / "b", corpus, trainer=trainer, stop_at=4)
     assert not cut.finished and cut.steps == 4
-    assert not validation.result_path(tmp_path / "b", unit).exists()
+    assert not unit_runs.result_path(tmp_path / "b", unit).exists()
     cache = tmp_path / "cache"  # stands for the persistent compilation cache
     (cache / "sub").mkdir(parents=True)
     (cache / "jit_step-1-cache").write_bytes(b"x" * 3000)
     (cache / "sub" / "autotune").write_bytes(b"y" * 10)
-    notes = validation.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
+    notes = study_handoff.pack_handoff(TINY, tmp_path / "b", tmp_path / "out", cache)
     assert any("step 4" in n for n in notes) and any("2 of 2" in n for n in notes), notes
-    validation.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
+    study_handoff.unpack(TINY, tmp_path / "here", tmp_path / "out", tmp_path / "carry")
     assert sorted(p.name for p in (tmp_path / "carry").iterdir()) == [
         "cache-tiny.tar.part0", f"partial-tiny-{unit.name}-step4.tar.part0"]
-    notes = validation.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
-                                       tmp_path / "cache2")
+    notes = study_handoff.restore_handoff(TINY, tmp_path / "c", tmp_path / "carry",
+                                          tmp_path / "cache2")
     assert len(notes) == 2 and (tmp_path / "cache2" / "sub" / "autotune").read_bytes() == b"y" * 10
-    resumed = validation.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
+    resumed = unit_runs.run_unit(TINY, unit, tmp_path / "c", corpus, trainer=trainer)
     assert resumed.finished and resumed.steps == 8
 
     a, c = _leaves(straight.state.params), _leaves(resumed.state.params)
@@ -85,9 +89,9 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     assert ra["val_curve"] == rc["val_curve"] and [s for s, *_ in ra["val_curve"]] == [4, 8]
     assert ra["train_curve"] == rc["train_curve"] and ra["final_val_bpb"] == rc["final_val_bpb"]
     assert [(s["from"], s["to"]) for s in rc["segments"]] == [(0, 4), (4, 8)]
-    assert json.loads(validation.result_path(tmp_path / "c", unit).read_text())[
+    assert json.loads(unit_runs.result_path(tmp_path / "c", unit).read_text())[
         "final_val_bpb"] == rc["final_val_bpb"]
-    assert not (validation.work_dir(tmp_path / "c", unit) / "ckpt").exists()  # done: dropped
+    assert not (unit_runs.work_dir(tmp_path / "c", unit) / "ckpt").exists()  # done: dropped
     assert rc["quantized_layers"] == 1  # the property is checked on an NVFP4 run
 
 
@@ -95,18 +99,30 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
     """A unit whose estimate (from a finished seed of its variant) exceeds the time left
     but fits a whole call is not started; the call ends without training anything."""
     spec = dataclasses.replace(TINY, seeds=(0, 1))
-    done = validation.Unit("python", 0.003, "bf16", 0)
+    done = study_specs.Unit("python", 0.003, "bf16", 0)
     (tmp_path / f"{done.name}.json").write_text(json.dumps(
         {"compile_s": 5.0, "train_wall_s": 45.0, "steps": 4, "final_val_bpb": 1.0}))
-    est = validation.estimate_s(spec, validation.Unit("python", 0.003, "bf16", 1), tmp_path)
+    est = unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path)
     assert est == 5.0 + 8 * 10.0
-    assert validation.estimate_s(spec, validation.Unit("python", 0.003, "bf16", 1), tmp_path,
-                                 compiled=True) == 8 * 10.0  # a reused trainer: no compile
+    assert unit_runs.estimate_s(spec, study_specs.Unit("python", 0.003, "bf16", 1), tmp_path,
+                                compiled=True) == 8 * 10.0  # a reused trainer: no compile
     begun = time.perf_counter() - 50.0  # 40 s left: too few for 85, enough for a new call
-    out = validation.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
-                               corpora={"python": _corpus()}, t_begin=begun)
+    out = unit_runs.run_study(spec, tmp_path, budget_s=100.0, reserve_s=10.0,
+                              corpora={"python": _corpus()}, t_begin=begun)
     assert out == []
 
+
+def test_cli_plan_prints_the_study_and_each_units_state(tmp_path, capsys):
+    """``validation.py plan STUDY --no-corpus``, the command line over the study modules:
+    the study's title, a finished unit with its final loss, every other unit not started."""
+    spec = study_specs.STUDIES["smoke"]
+    done = spec.units()[0]
+    (tmp_path / f"{done.name}.json").write_text(json.dumps({"final_val_bpb": 1.25}))
+    assert validation.main(["plan", "smoke", "--no-corpus", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"[smoke] {spec.title}"
+    assert f"  {done.name:<34} done: val 1.2500 bpb" in out
+    assert sum(line.endswith(" not started") for line in out) == len(spec.units()) - 1
 
 def test_t_table_is_the_student_t_quantile():
     """Each tabulated t(0.975, df) has CDF 0.975 (regularized incomplete beta from JAX:
@@ -134,7 +150,7 @@ GAPS = {"paper": {0: 0.0150, 1: 0.0160, 2: 0.0170}, "no_sr": {0: 0.01, 1: 0.05, 
 
 def _fake_result(spec, variant, seed, val):
     """A result file with the fields the report reads (a test fixture, not a result)."""
-    unit = validation.Unit("python", 10.0, variant, seed)
+    unit = study_specs.Unit("python", 10.0, variant, seed)
     diag = [{"step": s, "layers": 2, "summary": {
         "w/flush_to_zero": {"mean": 0.01, "max": 0.02 * (i + 1), "max_layer": "blocks.0.mlp.up"},
         "w/rel_error": {"mean": 0.1, "max": 0.12, "max_layer": "blocks.0.mlp.up"}}}
@@ -158,7 +174,7 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
     gives them, flags the wide one, reports a diverged run apart, draws the figures; with
     no results it says so."""
-    spec = dataclasses.replace(validation.STUDIES["hybrid"], name="fake",
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake",
                                variants=("bf16", "paper", "no_sr", "all_nvfp4"), seeds=SEEDS)
     res = tmp_path / "results"
     res.mkdir()
@@ -227,7 +243,7 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (validation, study_report, handoff):
+    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_report, handoff):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
@@ -242,16 +258,16 @@ def test_a_trainer_reused_for_another_seed_trains_as_a_fresh_one_without_recompi
     """`Trainer.for_run` with seed 1 on a seed-0 trainer: the unit's parameters after 2
     steps equal a fresh seed-1 trainer's bitwise, its step is not traced again, and a
     change to a compiled field (the learning rate) is refused."""
-    seed0, seed1 = (validation.Unit("python", 0.003, "bf16", s) for s in (0, 1))
+    seed0, seed1 = (study_specs.Unit("python", 0.003, "bf16", s) for s in (0, 1))
     corpus = _corpus()
     first = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed0), 8)
-    validation.run_unit(TINY, seed0, tmp_path / "a", corpus, trainer=first, stop_at=2)
+    unit_runs.run_unit(TINY, seed0, tmp_path / "a", corpus, trainer=first, stop_at=2)
     traced = first.step.jitted._cache_size()
     reused = first.for_run(TINY.run_config(seed1))
-    got = validation.run_unit(TINY, seed1, tmp_path / "b", corpus, trainer=reused, stop_at=2)
+    got = unit_runs.run_unit(TINY, seed1, tmp_path / "b", corpus, trainer=reused, stop_at=2)
     assert reused.step.jitted._cache_size() == traced
     fresh = train_llama.Trainer(TINY.model_config(), TINY.run_config(seed1), 8)
-    want = validation.run_unit(TINY, seed1, tmp_path / "c", corpus, trainer=fresh, stop_at=2)
+    want = unit_runs.run_unit(TINY, seed1, tmp_path / "c", corpus, trainer=fresh, stop_at=2)
     a, b = _leaves(got.state.params), _leaves(want.state.params)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(

@@ -1,0 +1,170 @@
+"""Handing a study's work from one device call to the next (issue 12).
+
+Device calls start on a fresh machine unless the previous call ended moments before, so
+``run --handoff DIR`` also writes into ``DIR`` (the device tool's ``$OUT``) the results,
+the checkpoint of a unit cut off by the budget if small enough, and the newest
+compilation-cache entries that fit (`pack_handoff`); ``unpack`` (`unpack`) puts them back
+here (results into the study's folder, the rest into ``studies/handoff/``, which the next
+call carries and ``run --resume-from`` reads: `restore_handoff`). The files pass the device
+tool's limits as tar archives in numbered parts (`handoff`).
+
+Example:
+  >>> import tempfile
+  >>> import study_specs
+  >>> tmp = Path(tempfile.mkdtemp())
+  >>> pack_handoff(study_specs.STUDIES["smoke"], tmp / "results", tmp / "out")
+  ['handoff: 0 results in results-smoke.tar.gz']
+  >>> sorted(p.name for p in (tmp / "out").iterdir())
+  ['results-smoke.tar.gz']
+"""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+from study_specs import StudySpec, Unit  # first: it puts examples/ on sys.path
+
+# isort: split
+import handoff
+from unit_runs import finished, work_dir
+
+from fp4jax.checkpoint import Checkpointer
+
+HANDOFF_FILES = 8
+"""Files a device call returns at most."""
+
+HANDOFF_BYTES = 60 * 2**20
+"""Bytes to hand off at most: a call returns 64 MiB, and the next carries them in its
+64 MiB working tree (with the repository)."""
+
+
+def _checkpoint_members(results: Path, unit: Unit) -> tuple[int, list[tuple[Path, str]]] | None:
+    """A cut-off unit's latest checkpoint and metrics as (file, name in the archive)."""
+    work = work_dir(results, unit)
+    ckpt = work / "ckpt"
+    if finished(results, unit) or not ckpt.exists():
+        return None
+    with Checkpointer(ckpt) as c:
+        step = c.latest_step()
+    if step is None:
+        return None
+    files = [p for p in work.iterdir() if p.is_file()]
+    files += [p for p in ckpt.iterdir() if p.is_file()]
+    files += [p for p in (ckpt / str(step)).rglob("*") if p.is_file()]
+    return step, [(p, p.relative_to(work.parent).as_posix()) for p in files]
+
+
+def pack_handoff(spec: StudySpec, results: Path, out: Path,
+                 cache_dir: Path | None = None) -> list[str]:
+    """Writes into ``out`` what the next call needs, within `HANDOFF_FILES` and
+    `HANDOFF_BYTES`: the finished results (``results-STUDY.tar.gz``); the checkpoint and
+    metrics of each cut-off unit that fits (``partial-STUDY-UNIT-stepN.tar.partK``); then
+    as many of the newest compilation-cache entries as fit (``cache-STUDY.tar.partK``).
+    Returns notes to print."""
+    results, out = Path(results), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    done = sorted(results.glob("*.json"))
+    with tarfile.open(out / f"results-{spec.name}.tar.gz", "w:gz") as tar:
+        for p in done:
+            tar.add(p, arcname=p.name)
+    notes = [f"handoff: {len(done)} results in results-{spec.name}.tar.gz"]
+    files_left = HANDOFF_FILES - 1
+    bytes_left = HANDOFF_BYTES - (out / f"results-{spec.name}.tar.gz").stat().st_size
+    for unit in spec.units():
+        found = _checkpoint_members(results, unit)
+        if found is None:
+            continue
+        step, members = found
+        size = handoff.archive_bytes([p.stat().st_size for p, _ in members])
+        k = None
+        if size <= bytes_left:
+            k = handoff.pack(members, out, f"partial-{spec.name}-{unit.name}-step{step}.tar",
+                             max_parts=files_left)
+        if k is None:
+            notes.append(f"handoff: {unit.name} at step {step} ({size / 2**20:.0f} MiB) does not "
+                         "fit: it restarts unless the next call finds this machine warm")
+            continue
+        files_left, bytes_left = files_left - k, bytes_left - size
+        notes.append(f"handoff: {unit.name} at step {step} ({size / 2**20:.1f} MiB, {k} parts)")
+    if cache_dir is not None and Path(cache_dir).is_dir() and files_left > 0:
+        entries = sorted((p for p in Path(cache_dir).rglob("*") if p.is_file()),
+                         key=lambda p: p.stat().st_mtime, reverse=True)
+        chosen: list[Path] = []
+        for p in entries:  # newest first: this call's compilations
+            size = handoff.archive_bytes([q.stat().st_size for q in chosen + [p]])
+            if size <= bytes_left and -(-size // handoff.PART_BYTES) <= files_left:
+                chosen.append(p)
+        if chosen:
+            k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out,
+                             f"cache-{spec.name}.tar", max_parts=files_left)
+            notes.append(f"handoff: {len(chosen)} of {len(entries)} compilation-cache files "
+                         f"({k} parts)")
+    return notes
+
+
+def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:
+    """``partial-STUDY-UNIT-stepN.tar`` -> (UNIT, N)."""
+    name, _, step = stem[len(f"partial-{spec.name}-"):-len(".tar")].rpartition("-step")
+    return name, int(step)
+
+
+def restore_handoff(spec: StudySpec, results: Path, src: Path,
+                    cache_dir: Path | None = None) -> list[str]:
+    """Unpacks what `pack_handoff` wrote (and `unpack` carried) in ``src``: each
+    checkpoint into the work folder, unless its unit is finished or has a checkpoint as
+    far; the compilation-cache entries into ``cache_dir``. Returns notes to print."""
+    notes = []
+    units = {u.name: u for u in spec.units()}
+    for stem, parts in handoff.find_parts(src, f"partial-{spec.name}-").items():
+        name, step = _partial_key(spec, stem)
+        unit = units.get(name)
+        if unit is None or finished(results, unit):
+            continue
+        ckpt = work_dir(results, unit) / "ckpt"
+        if ckpt.exists():
+            with Checkpointer(ckpt) as c:
+                if (c.latest_step() or -1) >= step:
+                    continue
+        shutil.rmtree(work_dir(results, unit), ignore_errors=True)
+        handoff.unpack_parts(parts, Path(results) / "work")
+        notes.append(f"resumed {name} from the handed-off checkpoint at step {step}")
+    for parts in handoff.find_parts(src, f"cache-{spec.name}.").values():
+        if cache_dir is not None:
+            handoff.unpack_parts(parts, cache_dir)
+            notes.append(f"compilation cache: {len(parts)} handed-off parts into {cache_dir}")
+    return notes
+
+
+def unpack(spec: StudySpec, results: Path, src: Path, carry: Path) -> list[str]:
+    """After a device call, here: the results from ``src`` into ``results``; the handed-off
+    checkpoints of unfinished units and the compilation cache into ``carry`` (replacing
+    this study's older ones there), for the next call to carry."""
+    results, src, carry = Path(results), Path(src), Path(carry)
+    notes = []
+    tar_path = src / f"results-{spec.name}.tar.gz"
+    if tar_path.exists():
+        results.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tar_path) as tar:
+            names = [m for m in tar.getmembers()
+                     if m.isfile() and "/" not in m.name and m.name.endswith(".json")]
+            tar.extractall(results, members=names, filter="data")
+        notes.append(f"{len(names)} results in {results}")
+    for prefix in (f"partial-{spec.name}-", f"cache-{spec.name}."):
+        for parts in handoff.find_parts(carry, prefix).values():
+            for old in parts:
+                old.unlink()
+    units = {u.name: u for u in spec.units()}
+    for prefix in (f"partial-{spec.name}-", f"cache-{spec.name}."):
+        for stem, parts in handoff.find_parts(src, prefix).items():
+            if prefix.startswith("partial"):
+                unit = units.get(_partial_key(spec, stem)[0])
+                if unit is None or finished(results, unit):
+                    continue
+            carry.mkdir(parents=True, exist_ok=True)
+            for p in parts:
+                shutil.copyfile(p, carry / p.name)
+            notes.append(f"{stem}: {len(parts)} parts in {carry} (carry it)")
+    return notes
+

@@ -1,0 +1,280 @@
+"""The validation study's specs: what each study trains and compares (issue 12).
+
+A study (`StudySpec`, the named ones in `STUDIES`) is a grid of **units** (`Unit`): one
+training run of one recipe variant (`Variant`, `VARIANTS`) with one seed on one corpus
+(`CORPORA`) at one length (tokens per parameter). A seed fixes the initialization, the data
+order and the SR keys, so the same seed under two variants is a paired comparison. Units
+run in a fixed order (length, variant, corpus, seed: a variant's units in a row share its
+compiled programs).
+
+Importing this module puts ``examples/`` (the training loop, the models, the corpus) and
+the repository on ``sys.path``; the other study modules import it before those.
+
+Example:
+  >>> [u.name for u in STUDIES["smoke"].units()][:3]
+  ['python-tpp0.5-bf16-s0', 'python-tpp0.5-bf16-s1', 'python-tpp0.5-paper-s0']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO / "studies"))
+sys.path.insert(0, str(REPO))
+
+import train_llama as tl  # noqa: E402
+from hybrid import HybridConfig  # noqa: E402
+from llama import LlamaConfig  # noqa: E402
+
+PAPER_KEEP_LAST = 0.15
+"""Share of the blocks the paper recipe keeps in BF16 at the end of the model (issue 12)."""
+
+TAIL_FRACTION = 0.18
+"""Share of the steps the ``paper_tail`` variant trains with BF16 forward GEMMs (RECIPE §8)."""
+
+CORPORA = {"python": {}, "prose": {"prose": True}}
+"""Corpus name -> `data.load_corpus` options (both read this interpreter's ``.py`` files)."""
+
+BASELINE = "bf16"
+"""The variant every other one is compared with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One recipe of the comparison.
+
+    Attributes:
+      name: how results and reports name it.
+      recipe: a key of `train_llama.RECIPES`.
+      keep_last_share: share of the blocks kept in BF16 at the end (rounded to whole
+        blocks, at least one when nonzero).
+      bf16_forward_tail: share of the final steps with BF16 forward GEMMs.
+      keep_patterns: module-path regexes kept in BF16 besides (`train_llama.RunConfig`).
+      about: one line for the report.
+    """
+
+    name: str
+    recipe: str
+    keep_last_share: float = 0.0
+    bf16_forward_tail: float = 0.0
+    keep_patterns: tuple[str, ...] = ()
+    about: str = ""
+
+    def keep_last(self, num_blocks: int) -> int:
+        """Blocks kept in BF16 at the end of a model of ``num_blocks`` blocks.
+
+        Example:
+          >>> [VARIANTS["paper"].keep_last(n) for n in (2, 6, 8, 16)]
+          [1, 1, 1, 2]
+        """
+        if not self.keep_last_share:
+            return 0
+        return max(1, math.floor(self.keep_last_share * num_blocks + 0.5))
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any GEMM is NVFP4."""
+        return tl.RECIPES[self.recipe] is not None
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("bf16", "bf16", about="every GEMM unquantized (the compute dtype: BF16 on a GPU)"),
+    Variant("paper", "nvfp4", PAPER_KEEP_LAST,
+            about="Recipe.nvfp4() on every block but the last ~15% (BF16)"),
+    Variant("all_nvfp4", "nvfp4", about="Recipe.nvfp4() on every block"),
+    Variant("no_rht", "nvfp4_no_rht", PAPER_KEEP_LAST, about="paper without the RHT"),
+    Variant("no_sr", "nvfp4_no_sr", PAPER_KEEP_LAST,
+            about="paper without stochastic rounding"),
+    Variant("no_2d", "nvfp4_no_2d", PAPER_KEEP_LAST,
+            about="paper with 1D instead of 16x16 weight blocks"),
+    Variant("paper_tail", "nvfp4", PAPER_KEEP_LAST, TAIL_FRACTION,
+            about="paper, forward GEMMs in BF16 for the last 18% of the steps"),
+    Variant("four_over_six", "nvfp4_four_over_six", PAPER_KEEP_LAST,
+            about="paper with 4/6 adaptive block scaling (RECIPE §2.8)"),
+)}
+"""The recipe variants of issue 12, by name."""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Unit:
+    """One training run of a study: corpus, length, variant, seed."""
+
+    corpus: str
+    tokens_per_param: float
+    variant: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """File-name-safe id, e.g. ``python-tpp10-paper-s0``.
+
+        Example:
+          >>> Unit("prose", 10.0, "no_sr", 2).name
+          'prose-tpp10-no_sr-s2'
+        """
+        return f"{self.corpus}-tpp{self.tokens_per_param:g}-{self.variant}-s{self.seed}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    """A study: one model, its corpora, lengths, variants and seeds, and the cadences.
+
+    Attributes:
+      name: the study's name (its results folder).
+      title: one line for the report.
+      item: which items of issue 12 it answers.
+      model: the model size (`LlamaConfig` or `HybridConfig`; its dtype is replaced by
+        the device's compute dtype: BF16 on a GPU, float32 on a CPU).
+      corpora: keys of `CORPORA`.
+      tokens_per_param: run lengths, in training tokens per model parameter.
+      variants: names of `VARIANTS` or ``custom_variants``; `BASELINE` first.
+      seeds: initialization / data order / SR key seeds.
+      batch, seq, lr: as `train_llama.RunConfig`.
+      evals: validation points per run (plus the final one).
+      eval_batches: validation batches per evaluation (the same ones for every unit).
+      diag_samples: per-layer quantization diagnostics per run (quantized variants).
+      diag_seeds: the seeds whose runs sample diagnostics (each costs a compilation).
+      checkpoints: checkpoints per run (besides the one when the budget runs out).
+      log_points: training-loss records per run.
+      eval_bf16_forward: at the end, also evaluate a quantized run's weights with every
+        GEMM unquantized (one more compilation).
+      max_epochs: refuse units that would read more of their corpus than this.
+      in_report: whether `report` covers it by default.
+      custom_variants: variants of this study only (e.g. a test's cheaper one).
+    """
+
+    name: str
+    title: str
+    item: str
+    model: LlamaConfig | HybridConfig
+    corpora: tuple[str, ...]
+    tokens_per_param: tuple[float, ...]
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    batch: int = 64
+    seq: int = 512
+    lr: float = 2e-3
+    evals: int = 10
+    eval_batches: int = 32
+    diag_samples: int = 8
+    diag_seeds: tuple[int, ...] = (0,)
+    checkpoints: int = 8
+    log_points: int = 100
+    eval_bf16_forward: bool = True
+    max_epochs: float = 1.0
+    in_report: bool = True
+    custom_variants: tuple[Variant, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.model, (LlamaConfig, HybridConfig)):
+            raise TypeError(f"model must be a LlamaConfig or HybridConfig, got "
+                            f"{type(self.model).__name__}")
+        bad = [c for c in self.corpora if c not in CORPORA]
+        if bad or not self.corpora:
+            raise ValueError(f"corpora {bad} unknown; choose from {sorted(CORPORA)}")
+        known = {**VARIANTS, **{v.name: v for v in self.custom_variants}}
+        bad = [v for v in self.variants if v not in known]
+        if bad or not self.variants or self.variants[0] != BASELINE:
+            raise ValueError(f"variants must start with {BASELINE!r} and come from "
+                             f"{sorted(known)}, got {self.variants}")
+        for name in ("corpora", "tokens_per_param", "variants", "seeds"):
+            v = getattr(self, name)
+            if not v or len(set(v)) != len(v):
+                raise ValueError(f"{name} must be non-empty without repeats, got {v}")
+        if min(self.tokens_per_param) <= 0:
+            raise ValueError(f"tokens_per_param must be positive, got {self.tokens_per_param}")
+
+    def variant(self, name: str) -> Variant:
+        """The variant of a name (this study's own first)."""
+        return next((v for v in self.custom_variants if v.name == name), None) or VARIANTS[name]
+
+    @property
+    def params(self) -> int:
+        """Model parameters (all of them: embedding, head, norms, blocks)."""
+        return int(self.model.param_counts()["total"])
+
+    @property
+    def num_blocks(self) -> int:
+        """Residual blocks (what ``keep_last`` counts)."""
+        return tl.num_blocks(self.model)
+
+    def steps(self, tokens_per_param: float) -> int:
+        """Training steps of a unit of this length.
+
+        Example:
+          >>> STUDIES["pure_llama"].steps(10.0)
+          2121
+        """
+        return max(1, round(tokens_per_param * self.params / (self.batch * self.seq)))
+
+    def units(self) -> list[Unit]:
+        """Every unit, in the order `run` takes them: length, variant, corpus, seed (the
+        compiled steps depend on the variant only, so its units in a row compile once)."""
+        return [Unit(c, float(t), v, s) for t in self.tokens_per_param for v in self.variants
+                for c in self.corpora for s in self.seeds]
+
+    def model_config(self, dtype: str = "auto") -> tl.ModelConfig:
+        """The model at a compute dtype (``auto``: BF16 on accelerators, float32 on CPU)."""
+        return dataclasses.replace(self.model, dtype=tl.compute_dtype(dtype))
+
+    def run_config(self, unit: Unit) -> tl.RunConfig:
+        """The `train_llama.RunConfig` of a unit."""
+        v = self.variant(unit.variant)
+        steps = self.steps(unit.tokens_per_param)
+        every = lambda n: max(steps // n, 1) if n else 0  # noqa: E731
+        diag = self.diag_samples if (v.quantized and unit.seed in self.diag_seeds) else 0
+        return tl.RunConfig(
+            recipe=v.recipe, batch=self.batch, seq=self.seq, lr=self.lr, seed=unit.seed,
+            keep_last=v.keep_last(self.num_blocks), keep_patterns=v.keep_patterns,
+            bf16_forward_tail=v.bf16_forward_tail,
+            eval_every=every(self.evals), eval_batches=self.eval_batches,
+            log_every=every(self.log_points), diag_every=every(diag), eval_bf16_forward=False,
+        )
+
+    def describe(self) -> str:
+        """The model and the runs' sizes in one line."""
+        pc = self.model.param_counts()
+        lengths = ", ".join(f"{t:g} tokens/param = {self.steps(t)} steps = "
+                            f"{self.steps(t) * self.batch * self.seq / 1e6:.1f}M tokens"
+                            for t in self.tokens_per_param)
+        return (f"{tl.describe_model(self.model)}: {self.params / 1e6:.2f}M parameters "
+                f"({pc['block_matmuls'] / 1e6:.2f}M in block matmuls), batch {self.batch} x "
+                f"seq {self.seq}; {lengths}")
+
+
+STUDIES = {s.name: s for s in (
+    StudySpec(
+        name="pure_llama", item="1, 2, 5",
+        title="Pure transformer (the Llama example), two corpora, eight recipes",
+        model=LlamaConfig(dim=256, layers=8, heads=4, hidden=768),
+        corpora=("python", "prose"), tokens_per_param=(10.0,), variants=tuple(VARIANTS),
+        seeds=(0, 1, 2),
+    ),
+    StudySpec(
+        name="hybrid", item="3, 5",
+        title="Hybrid Mamba-2/attention model (examples/hybrid.py): BF16 vs the paper recipe",
+        model=HybridConfig(dim=256, layers=8, attn_every=4, heads=4, hidden=768),
+        corpora=("python",), tokens_per_param=(10.0,), variants=("bf16", "paper"),
+        seeds=(0, 1, 2),
+    ),
+    StudySpec(
+        name="long_data", item="4, 5",
+        title="Long-data regime: one small Llama at 10 and 100 tokens/param",
+        model=LlamaConfig(dim=128, layers=8, heads=2, hidden=384),
+        corpora=("python",), tokens_per_param=(10.0, 100.0), variants=("bf16", "paper"),
+        seeds=(0, 1, 2), evals=20,
+    ),
+    StudySpec(
+        name="smoke", item="-", in_report=False,
+        title="A tiny run of the harness (CPU-sized), not a result",
+        model=LlamaConfig(dim=64, layers=2, heads=2), corpora=("python",),
+        tokens_per_param=(0.5,), variants=("bf16", "paper"), seeds=(0, 1), batch=8, seq=64,
+        eval_batches=4, evals=4, diag_samples=2, checkpoints=2,
+    ),
+)}
+"""The named studies; `StudySpec.item` says which items of issue 12 each answers."""
