@@ -452,7 +452,7 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         "`studies/results/` (`studies/study_report.py`); regenerate it, do not edit it. "
         "Every measured number below is read from those results; the lines marked as the "
         "plan and the how-to at the end come from the study specs "
-        "(`studies/validation.py`).", "",
+        "(`studies/study_specs.py`).", "",
         "The gap of a variant is its final validation loss relative to BF16's, paired by "
         "seed (the same seed gives the same initialization, data order and SR keys): "
         "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
