@@ -37,6 +37,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,16 +90,16 @@ def fusion_sizes(hlo_text: str) -> list[tuple[int, int]]:
     return out
 
 
-def inlined_size(hlo_text: str) -> int:
-    r"""Instructions of an unoptimized HLO module with every ``call`` inlined: what XLA's
-    passes work on (a function jitted inside the program counts once per call site).
+def inlined_count(hlo_text: str, counts: Callable[[str], bool]) -> int:
+    r"""Lines of an HLO module's text that ``counts`` selects, with every ``call`` inlined
+    (a computation called from several places counts once per call site).
 
     Example:
       >>> t = ("f {\n  p = f32[] parameter(0)\n  ROOT n = f32[] negate(p)\n}\n"
       ...      "ENTRY main {\n  a = f32[] parameter(0)\n  b = f32[] call(a), to_apply=f\n"
       ...      "  ROOT c = f32[] call(b), to_apply=f\n}")
-      >>> inlined_size(t)
-      7
+      >>> inlined_count(t, lambda line: "negate(" in line)
+      2
     """
     comps: dict[str, tuple[int, list[str]]] = {}
     entry = name = None
@@ -110,19 +111,33 @@ def inlined_size(hlo_text: str) -> int:
             name = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
             entry = name if words[0] == "ENTRY" else entry
             comps[name] = (0, [])
-        elif name is not None and _INSTR.match(line):
+        elif name is not None:
             n, calls = comps[name]
             m = re.search(r"\scall\(.*to_apply=%?([\w.\-]+)", line)
-            comps[name] = (n + 1, calls + [m.group(1)] if m else calls)
-    sizes: dict[str, int] = {}
+            comps[name] = (n + bool(counts(line)), calls + [m.group(1)] if m else calls)
+    memo: dict[str, int] = {}
 
-    def size(c: str) -> int:
-        if c not in sizes:
+    def count(c: str) -> int:
+        if c not in memo:
             n, calls = comps[c]
-            sizes[c] = n + sum(size(x) for x in calls)
-        return sizes[c]
+            memo[c] = n + sum(count(x) for x in calls)
+        return memo[c]
 
-    return size(entry) if entry else 0
+    return count(entry) if entry else 0
+
+
+def inlined_size(hlo_text: str) -> int:
+    r"""Instructions of an unoptimized HLO module with every ``call`` inlined: what XLA's
+    passes work on (a function jitted inside the program counts once per call site).
+
+    Example:
+      >>> t = ("f {\n  p = f32[] parameter(0)\n  ROOT n = f32[] negate(p)\n}\n"
+      ...      "ENTRY main {\n  a = f32[] parameter(0)\n  b = f32[] call(a), to_apply=f\n"
+      ...      "  ROOT c = f32[] call(b), to_apply=f\n}")
+      >>> inlined_size(t)
+      7
+    """
+    return inlined_count(hlo_text, _INSTR.match)
 
 
 def stablehlo_ops(mlir_text: str) -> int:

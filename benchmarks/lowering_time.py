@@ -81,30 +81,8 @@ def kernel_launches(hlo_text: str) -> int:
       >>> kernel_launches(t)
       2
     """
-    comps: dict[str, tuple[int, list[str]]] = {}
-    entry = name = None
-    for line in hlo_text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            if line.startswith("HloModule"):
-                continue
-            words = line.split()
-            name = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
-            entry = name if words[0] == "ENTRY" else entry
-            comps[name] = (0, [])
-        elif name is not None:
-            n, calls = comps[name]
-            m = re.search(r"\scall\(.*to_apply=%?([\w.\-]+)", line)
-            comps[name] = (n + ('custom_call_target="mosaic_gpu_v2"' in line),
-                           calls + [m.group(1)] if m else calls)
-    memo: dict[str, int] = {}
-
-    def count(c: str) -> int:
-        if c not in memo:
-            n, calls = comps[c]
-            memo[c] = n + sum(count(x) for x in calls)
-        return memo[c]
-
-    return count(entry) if entry else 0
+    return compile_time.inlined_count(
+        hlo_text, lambda line: 'custom_call_target="mosaic_gpu_v2"' in line)
 
 
 def module_stats(mlir_text: str) -> dict[str, int]:
@@ -167,13 +145,8 @@ def profile_summary(profile: cProfile.Profile, top: int) -> tuple[str, list[dict
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=768)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="compute dtype (the GPU's is bfloat16; the kernels take 16-bit inputs)")
+    # bfloat16 first: the GPU's compute dtype (the kernels take 16-bit inputs).
+    train_step.add_model_arguments(p, dtypes=("bfloat16", "float32"))
     p.add_argument("--recipe", default="nvfp4")
     p.add_argument("--impl", default="auto")
     p.add_argument("--embed", default="onehot", help="LlamaConfig.embed_lookup")

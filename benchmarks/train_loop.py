@@ -160,13 +160,7 @@ def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, batches: data_lib.Batches
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=768)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="compute dtype; auto: bfloat16 on GPU, float32 on CPU")
+    ts.add_model_arguments(p)
     p.add_argument("--recipes", default="bf16,nvfp4")
     p.add_argument("--embed", default="onehot", choices=["onehot", "gather"],
                    help="the embedding lookup (LlamaConfig.embed_lookup)")

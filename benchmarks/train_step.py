@@ -174,6 +174,20 @@ def default_heads(dim: int) -> int:
     return max(dim // 64, 1)
 
 
+def add_model_arguments(p: argparse.ArgumentParser, *, dtypes: tuple[str, ...] = (
+        "auto", "bfloat16", "float32")) -> None:
+    """The benchmarks' model and batch options: ``--dim --layers --heads --batch --seq
+    --dtype`` (the first of ``dtypes`` is the default; ``auto``: bfloat16 on GPU, float32
+    on CPU)."""
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--dtype", default=dtypes[0], choices=list(dtypes), help="compute dtype" + (
+        "; auto: bfloat16 on GPU, float32 on CPU" if "auto" in dtypes else ""))
+
+
 def run_config(recipe: str, *, batch: int, seq: int, **kw) -> tl.RunConfig:
     """The run settings both benchmarks use (compare.py's optimizer and clipping)."""
     return tl.RunConfig(**{"recipe": recipe, "batch": batch, "seq": seq, "lr": 1.5e-3,
@@ -247,13 +261,7 @@ def measure(model_cfg: LlamaConfig, cfg: tl.RunConfig, data: dict[str, tuple], *
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=768)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=None, help="default: dim // 64")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="compute dtype; auto: bfloat16 on GPU, float32 on CPU")
+    add_model_arguments(p)
     p.add_argument("--recipes", default="bf16,nvfp4")
     p.add_argument("--impls", default="auto", help="NVFP4 implementations, comma-separated")
     p.add_argument("--embed", default="onehot",
