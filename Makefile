@@ -30,7 +30,7 @@ lint: $(PY)
 	$(PY) -m ruff check .
 
 test: lint
-	$(PY) -m pytest -n 2 fp4jax pallas_kernels tests
+	$(PY) -m pytest -n 2 --dist worksteal fp4jax pallas_kernels tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,5 +1,7 @@
 """Properties of fp4jax.quantize / dequantize (docs/RECIPE.md §1–§5)."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -543,6 +545,22 @@ def test_empty_and_bad_keys_raise_clear_errors():
         fp4jax.quantize(jnp.ones((4, 16)), rounding="stochastic", key=42)
 
 
+# Jitted (one program each per case, as inside a GEMM), not op by op: eager dispatch of
+# the decode's many small ops, each compiled on its own, cost ~5x the time.
+@functools.partial(jax.jit, static_argnums=1)
+def _scaled_codes_bf16(q, column_pairs):
+    from fp4jax.reference.quantization import scaled_codes_bf16
+
+    return scaled_codes_bf16(q, column_pairs=column_pairs)
+
+
+@jax.jit
+def _transcribed_decode(q):
+    codes = nvfp4_array.unpack_codes(q.data, q.axis)
+    want = nvfp4_array.e2m1_to_bf16(codes) * q.per_element(q.scales.astype(jnp.bfloat16))
+    return jax.lax.slice_in_dim(want, 0, q.shape[q.axis], axis=q.axis)
+
+
 @pytest.mark.parametrize("shape,kw", [
     ((48, 80), {}), ((3, 32, 40), {}), ((40, 64), {"block_2d": True}), ((48, 80), {"axis": 0}),
     ((64, 48), {"axis": 0, "block_2d": True}), ((2, 40, 32), {"axis": 1}),
@@ -554,14 +572,10 @@ def test_scaled_codes_decode_is_code_times_block_scale(shape, kw):
     pairs of columns) and a leading one, equals an independent
     transcription: unpack the nibbles, decode E2M1, multiply by the per-element E4M3
     scale — bit for bit, padding dropped."""
-    from fp4jax.reference.quantization import scaled_codes_bf16
-
     q = fp4jax.quantize(jax.random.normal(jax.random.key(0), shape) * 3, **kw)
-    codes = nvfp4_array.unpack_codes(q.data, q.axis)
-    want = nvfp4_array.e2m1_to_bf16(codes) * q.per_element(q.scales.astype(jnp.bfloat16))
-    want = jax.lax.slice_in_dim(want, 0, q.shape[q.axis], axis=q.axis)
+    want = _transcribed_decode(q)
     for pairs in (False, True):
-        got = scaled_codes_bf16(q, column_pairs=pairs)
+        got = _scaled_codes_bf16(q, pairs)
         assert got.shape == want.shape == q.shape
         np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
                                       np.asarray(want).view(np.uint16))
