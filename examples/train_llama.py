@@ -289,6 +289,17 @@ def make_optimizer(cfg: RunConfig, total_steps: int) -> optax.GradientTransforma
     )
 
 
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether two pytrees have the same structure and equal leaves (typed PRNG keys
+    compared by their key data)."""
+    def data(x):
+        x = jnp.asarray(x)
+        return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(data(x), data(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 RUN_ONLY_FIELDS = frozenset({"seed", "eval_every", "eval_batches", "log_every", "diag_every",
                              "eval_bf16_forward"})
 """`RunConfig` fields no compiled program reads: runs differing only in these share a
@@ -345,7 +356,9 @@ class Trainer:
 
         ``cfg`` may differ from this trainer's only in fields no compiled program reads
         (`RUN_ONLY_FIELDS`: the seed and the logging, evaluation and diagnostics
-        cadences); the model is initialized from ``cfg.seed``. Each new trainer would
+        cadences); the model is initialized from ``cfg.seed``. The two trainers share
+        the compiled step objects (and `set_total_steps` retargets both): train with one
+        at a time. Each new trainer would
         trace and compile anew: Pallas Mosaic GPU kernels carry a per-trace name in
         their serialized module (JAX 0.11.2), so even the persistent compilation cache
         misses, about a minute per NVFP4 step on the H200.
@@ -367,10 +380,8 @@ class Trainer:
             model, _ = self._build_model(cfg.seed)
             _, params0 = train_lib.nnx_loss_fn(model, loss_and_metrics)
             old_rest, new_rest = (nnx.split(m, nnx.Param, ...)[2] for m in (self.model, model))
-            same = jax.tree.structure(params0) == jax.tree.structure(self.params0) and all(
-                np.array_equal(a, b) for a, b in zip(jax.tree.leaves(old_rest),
-                                                      jax.tree.leaves(new_rest), strict=True))
-            if not same:
+            if not (jax.tree.structure(params0) == jax.tree.structure(self.params0)
+                    and _same_values(old_rest, new_rest)):
                 raise ValueError("for_run: the model built from seed "
                                  f"{cfg.seed} differs from this trainer's beyond its "
                                  "parameters: build a new Trainer")
