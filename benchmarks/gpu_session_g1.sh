@@ -10,3 +10,7 @@ echo "gpu tests rc=$?"; tail -3 $OUT/test_gpu.log
 timeout 200 python3 benchmarks/compile_time.py --cases step_bf16,step_nvfp4_auto --log-passes \
   --scales-in kernel --out $OUT/compile_time.json > $OUT/compile_time.log 2>&1
 echo "compile_time rc=$?"; tail -8 $OUT/compile_time.log
+# (3) The stochastic-rounding sequence with one threshold compare below 1 (committed
+# untimed) against the previous remainder sequence, both bit-exact, in the two-output kernel.
+timeout 150 python3 benchmarks/sr_cost.py --out $OUT/sr_cost.json > $OUT/sr_cost.log 2>&1
+echo "sr_cost rc=$?"; tail -17 $OUT/sr_cost.log

@@ -9,7 +9,9 @@ RHT+SR kernel (`pallas_kernels.quantize_two_output`, amaxes given, the backward 
 dY quantization) is measured by difference: the kernel is timed as shipped, with
 round-to-nearest, and with the random bits drawn by cheaper hashes (2, 1 and 0 mixing
 rounds instead of the recipe's 3) or with the stochastic rounding step replaced by
-round-to-nearest fed the same bits. Only the shipped variants produce the recipe's
+round-to-nearest fed the same bits; and with the previous rounding sequence for values
+below 1 (a remainder against ``float(2 u8 + 1)``, replaced by one threshold compare), to
+time that change. The shipped variants and the previous sequence produce the recipe's
 bits (checked against the XLA reference); the others exist to be timed. The floor is
 the bytes the kernel must move (read ``x``, write both copies' codes and scales) at
 the copy bandwidth measured in the same run.
@@ -40,6 +42,23 @@ def _hash_rounds(rounds: int):
     return hash32
 
 
+def _sr_small_values_by_remainder(x, enc, u8):
+    # The sequence the kernels used before 2026-12-01 (third session) for a < 1: the
+    # remainder 1024 a - 512 lo against float(2 u8 + 1). The same bits as the shipped one.
+    u32, f32 = jnp.uint32, jnp.float32
+    v = x * enc
+    a = jnp.minimum(jnp.abs(v), f32(6.0))
+    b = jax.lax.bitcast_convert_type(a, u32)
+    big = (b - (u8 << 14) + u32((0x3FDFFF - (252 << 22)) & 0xFFFFFFFF)) >> 22
+    x1024 = a * f32(1024.0)
+    lo = x1024 >= f32(512.0)
+    rem = jnp.where(lo, x1024 - f32(512.0), x1024)
+    odd = jax.lax.bitcast_convert_type((u8 << 1) | u32(0x4B000001), f32) - f32(8388608.0)
+    small = jnp.where(lo, u32(1), u32(0)) + jnp.where(odd < rem, u32(1), u32(0))
+    mag = jnp.where(b >= u32(0x3F800000), big, small)
+    return mag | jnp.where(v < 0, u32(8), u32(0))
+
+
 def _nearest_fed_bits(x, enc, u8):
     # Keeps the random byte live (the hash is still computed) but rounds to nearest.
     return bit_tricks.nibble_nearest(x, enc) ^ (u8 & jnp.uint32(1))
@@ -52,6 +71,8 @@ VARIANTS = {
     "SR, 1 mixing round": {"hash32": _hash_rounds(1)},
     "SR, no mixing (counter ^ key)": {"hash32": _hash_rounds(0)},
     "RNE fed the 3-round bits": {"nibble_stochastic": _nearest_fed_bits},
+    "SR, previous sequence below 1 (remainder)": {
+        "nibble_stochastic": _sr_small_values_by_remainder},
 }
 """Variant name -> `bit_tricks` functions replaced while it is traced (None: rounding='nearest')."""
 
@@ -87,7 +108,7 @@ def measure(m: int, k: int, *, reps: int, interpret: bool) -> list[dict]:
                     a, rounding=rounding, row_key=rk, col_key=ck, row_amax=s1, col_amax=s2,
                     interpret=interpret)))
             check = None
-            if repl == {}:
+            if repl == {} or name.startswith("SR, previous"):  # the recipe's bits
                 def check(f=f):
                     got = f(x, *amaxes)
                     return all(timing.bits_equal(g, r) for g, r in zip(got, ref))

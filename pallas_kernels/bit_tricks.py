@@ -191,16 +191,18 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
 
     The rule of `fp4jax.numerics.rounding.e2m1_code_stochastic`: with grid neighbours
     ``lo <= a < lo + h`` of ``a = min(|x * enc|, 6)`` and ``frac = (a - lo) / h``, round up
-    iff ``2 * u8 + 1 < 512 * frac``. Computed without any int/float conversion (a quarter-
-    rate instruction on the GPU) and with every float operation exact:
+    iff ``2 * u8 + 1 < 512 * frac``, i.e. iff ``a > lo + h (2 u8 + 1) / 512``. Computed
+    without any int/float conversion (a quarter-rate instruction on the GPU) and with
+    every float operation exact:
 
     * ``a >= 1``: the spacing is half the binade, so the code is the float's exponent and
       top mantissa bit, ``(bits(a) >> 22) - 252``, and ``frac * 2**22`` is the 22 mantissa
       bits below. Adding ``2**22 - 1 - ((2 * u8 + 1) << 13)`` carries into bit 22 exactly
       when ``(2 * u8 + 1) << 13`` is below those bits, i.e. when rounding up.
-    * ``a < 1``: the spacing is 0.5: ``512 * frac = 1024 * a - 512 * lo`` (a power-of-two
-      product and a Sterbenz difference, both exact), compared with ``float(2 * u8 + 1)``
-      built from its bits (``2**23 + n - 2**23``, exact).
+    * ``a < 1``: the spacing is 0.5 and ``lo`` is 0 or 0.5, so the threshold is
+      ``lo + (2 u8 + 1) / 1024``: ``float(2**23 + 2 u8 + 1)`` from its bits, times
+      ``2**-10``, plus ``lo - 8192`` (a product by a power of two and a sum whose exact
+      result is a float: exact, fused into one multiply-add or not), compared with ``a``.
 
     Args:
       x: float32 values; enc: their float32 encode scales.
@@ -210,11 +212,10 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
     b = _u32(a)
     big = (b - (u8 << 14) + _U32((0x3FDFFF - (252 << 22)) & 0xFFFFFFFF)) >> 22
-    x1024 = a * np.float32(1024.0)
-    lo = x1024 >= np.float32(512.0)
-    rem = jnp.where(lo, x1024 - np.float32(512.0), x1024)
-    odd = _f32((u8 << 1) | _U32(0x4B000001)) - np.float32(8388608.0)  # float(2 * u8 + 1)
-    small = jnp.where(lo, _U32(1), _U32(0)) + jnp.where(odd < rem, _U32(1), _U32(0))
+    half = a >= np.float32(0.5)
+    threshold = (_f32((u8 << 1) | _U32(0x4B000001)) * np.float32(2.0**-10)
+                 + jnp.where(half, np.float32(-8191.5), np.float32(-8192.0)))
+    small = jnp.where(half, _U32(1), _U32(0)) + jnp.where(a > threshold, _U32(1), _U32(0))
     mag = jnp.where(b >= _U32(0x3F800000), big, small)
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
 
