@@ -191,10 +191,8 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
 
     stored, amax_x = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    if config.scales_in_kernel:
-        fp = jnp.tile(scale_kernels.scale_params([amax_x], interpret=interpret), 2)
-    else:
-        fp = jnp.tile(engines.scale_params(*amax_pass.global_scales([amax_x])), 2)
+    fp = jnp.tile(scale_kernels.quantize_params([amax_x], in_kernel=config.scales_in_kernel,
+                                                interpret=interpret), 2)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)
