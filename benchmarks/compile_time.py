@@ -140,6 +140,23 @@ def inlined_size(hlo_text: str) -> int:
     return inlined_count(hlo_text, _INSTR.match)
 
 
+_MOSAIC_CALL = re.compile(r"custom_call @mosaic_gpu_v2\(")
+_KERNEL_HASH = re.compile(r'kernel_hash = "((?:[^"\\]|\\.)*)"')
+
+
+def mosaic_kernels(mlir_text: str) -> tuple[int, int]:
+    r"""(Mosaic GPU custom calls, kernel lowerings) of a lowered module's text. Each
+    lowering serializes a kernel module of its own, so distinct ``kernel_hash`` values
+    count lowerings; a function called from several places holds its calls once.
+
+    Example:
+      >>> mosaic_kernels('custom_call @mosaic_gpu_v2(%0) {kernel_hash = "ab"}\n'
+      ...                'custom_call @mosaic_gpu_v2(%1) {kernel_hash = "ab"}\n')
+      (2, 1)
+    """
+    return len(_MOSAIC_CALL.findall(mlir_text)), len(set(_KERNEL_HASH.findall(mlir_text)))
+
+
 def stablehlo_ops(mlir_text: str) -> int:
     """Operations in a lowered module's StableHLO text (lines that define or run an op)."""
     n = 0

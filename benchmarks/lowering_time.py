@@ -47,9 +47,6 @@ from benchmarks import compile_time, train_step
 from fp4jax import implementation
 from pallas_kernels import timing
 
-_MOSAIC_CALL = re.compile(r"custom_call @mosaic_gpu_v2\(")
-_KERNEL_HASH = re.compile(r'kernel_hash = "((?:[^"\\]|\\.)*)"')
-
 # cProfile entries summarized beside the top list: (label, file suffix, function name).
 _PHASES = (
     ("Mosaic GPU kernel lowering", "mosaic_gpu/pallas_call_registration.py",
@@ -96,9 +93,9 @@ def module_stats(mlir_text: str) -> dict[str, int]:
       >>> module_stats(t)
       {'stablehlo_ops': 3, 'mosaic_calls': 2, 'mosaic_kernels': 1, 'functions': 0}
     """
+    calls, kernels = compile_time.mosaic_kernels(mlir_text)
     return {"stablehlo_ops": compile_time.stablehlo_ops(mlir_text),
-            "mosaic_calls": len(_MOSAIC_CALL.findall(mlir_text)),
-            "mosaic_kernels": len(set(_KERNEL_HASH.findall(mlir_text))),
+            "mosaic_calls": calls, "mosaic_kernels": kernels,
             "functions": len(re.findall(r"^\s*func\.func ", mlir_text, re.M))}
 
 

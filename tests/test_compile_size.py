@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 import fp4jax
-from benchmarks.compile_time import fusion_sizes, hlo_stats, inlined_size
+from benchmarks.compile_time import fusion_sizes, hlo_stats, inlined_size, mosaic_kernels
 
 _LINEAR = (((1,), (0,)), ((), ()))
 
@@ -165,7 +165,6 @@ def test_each_mosaic_kernel_of_a_step_is_lowered_once(monkeypatch):
             lowering_platforms=("cuda",)).as_text()
     finally:
         jax.clear_caches()
-    calls = len(re.findall(r"custom_call @mosaic_gpu_v2\(", text))
-    lowered = len(set(re.findall(r'kernel_hash = "((?:[^"\\]|\\.)*)"', text)))
+    calls, lowered = mosaic_kernels(text)
     assert calls >= 9, calls  # the quantizations are kernels (13 calls of the 9)
     assert lowered <= 9, lowered
