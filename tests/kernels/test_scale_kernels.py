@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 
 from fp4jax.numerics import scales
-from pallas_kernels import amax as amax_pass
-from pallas_kernels import quantize_engines as engines
 from pallas_kernels import quantize_single as qs
 from pallas_kernels import quantize_two_output as q2
 from pallas_kernels import scale_kernels as sk
@@ -31,15 +29,19 @@ PAIRS = [(np.float32(a), np.float32(b)) for a in (0.0, 1e-40, 3.5, 2688.0, 3e38,
          for b in (1.0, 6.5e-20, np.nan, 0.0)]
 
 
+# The XLA path: `amax.global_scales` + `quantize_engines.scale_params`.
+_xla_scale_params = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=False))
+
+
 def _bits(a):
     return np.asarray(a).view(np.uint32)
 
 
 def test_scale_params_kernel_is_the_xla_computation_bit_for_bit():
     """gds, mult and the 8 encode-scale reciprocals of each amax: the kernel's values are
-    the XLA path's (`amax.global_scales` + `quantize_engines.scale_params`)."""
-    got = jax.jit(lambda *a: sk.scale_params(list(a), interpret=True))(*AMAXES)
-    want = jax.jit(lambda *a: engines.scale_params(*amax_pass.global_scales(list(a))))(*AMAXES)
+    the XLA path's (`scale_kernels.quantize_params` either way)."""
+    got = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=True, interpret=True))(*AMAXES)
+    want = _xla_scale_params(*AMAXES)
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
@@ -81,8 +83,8 @@ def test_quantize_kernels_with_in_kernel_scales_equal_the_reference():
 def test_gpu_scale_kernels_equal_xla_on_the_device():
     """Compiled on the GPU: the same bits as XLA's computation on the same device, and the
     two-output quantizer with in-kernel scales equals the reference at 384x640."""
-    got = jax.jit(lambda *a: sk.scale_params(list(a)))(*AMAXES)
-    want = jax.jit(lambda *a: engines.scale_params(*amax_pass.global_scales(list(a))))(*AMAXES)
+    got = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=True))(*AMAXES)
+    want = _xla_scale_params(*AMAXES)
     np.testing.assert_array_equal(_bits(got), _bits(want))
     np.testing.assert_array_equal(_bits(jax.jit(sk.output_scales)(PAIRS)),
                                   _bits(jax.jit(scales.output_scales)(PAIRS)))
