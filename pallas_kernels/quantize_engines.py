@@ -100,7 +100,8 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     """
     bg, bnb = spec.bm // 16, spec.bk // 16
     shape = (bg, 16, bnb, 8)
-    w = plgpu.load(tile, layout=tp.ROW_LAYOUT)
+    layout = tp.engine_layouts(spec)[0]
+    w = plgpu.load(tile, layout=layout)
     xe, xo = bits.unpack_words(w, spec.dtype)
     if out.poison:
         acc = jnp.maximum(acc, jnp.maximum(jnp.abs(xe), jnp.abs(xo)))
@@ -109,15 +110,15 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     if out.block_2d:
         tile_max = jnp.max(bamax, axis=1)  # (bg, bnb): one per 16x16 tile
         enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
-        red = tp.ROW_LAYOUT.reduce(3)
+        red = layout.reduce(3)
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape[:3], (0, 2)), red)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
         enc, code, _ = bits.e4m3_block_scale(bamax, *sp)
         scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
-    enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), tp.ROW_LAYOUT)
+    enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), layout)
     if out.stochastic:
-        ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape)
+        ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape, layout)
         ne = bits.nibble_stochastic(xe, enc, ue)
         no = bits.nibble_stochastic(xo, enc, uo)
     else:
@@ -135,7 +136,8 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     ``sp``: as for `_row_engine`; ``sr``: `_col_sr_state` for stochastic rounding (else None).
     """
     bg, bnb = spec.bm // 16, spec.bk // 16
-    words = [plgpu.load(tile.at[:, j], layout=tp.COL_LAYOUT) for j in range(16)]
+    layout = tp.engine_layouts(spec)[1]
+    words = [plgpu.load(tile.at[:, j], layout=layout) for j in range(16)]
     halves = [bits.unpack_words(w, spec.dtype) for w in words]
     cols = [[h[0] for h in halves], [h[1] for h in halves]]  # even / odd column
     bamax = []
@@ -150,7 +152,7 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     if out.block_2d:
         tile_max = jnp.max(jnp.maximum(bamax[0], bamax[1]), axis=2)  # (bg, bnb)
         enc, code, _ = bits.e4m3_block_scale(tile_max, *sp)
-        enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, (bg, bnb, 8), (0, 1)), tp.COL_LAYOUT)
+        enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, (bg, bnb, 8), (0, 1)), layout)
         encs = (enc, enc)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
@@ -218,12 +220,13 @@ def _row_sr_state(spec: tp.KernelSpec, out: tp.OutputSpec):
     """
     bg, bnb = spec.bm // 16, spec.bk // 16
     s_m, s_k = out.block_strides
-    off4 = _iota_sum(tp.ROW_LAYOUT.reduce(3), (bg, 16, bnb), (64 * s_m, 4 * s_m, 4 * s_k))
-    w = plgpu.broadcasted_iota(_U32, (bg, 16, bnb, 8), 3, layout=tp.ROW_LAYOUT)
+    layout = tp.engine_layouts(spec)[0]
+    off4 = _iota_sum(layout.reduce(3), (bg, 16, bnb), (64 * s_m, 4 * s_m, 4 * s_k))
+    w = plgpu.broadcasted_iota(_U32, (bg, 16, bnb, 8), 3, layout=layout)
     return off4, w >= _U32(4), (w & _U32(2)) != _U32(0), (w & _U32(1)) << 4
 
 
-def _row_sr_bytes(sr, keys, g0, b0, out: tp.OutputSpec, shape):
+def _row_sr_bytes(sr, keys, g0, b0, out: tp.OutputSpec, shape, layout):
     """The random bytes of the rowwise engine's even and odd elements (uint32, word layout).
 
     The 4 hashes of each block are computed once, in the block-reduced layout (one
@@ -233,7 +236,7 @@ def _row_sr_bytes(sr, keys, g0, b0, out: tp.OutputSpec, shape):
     off4, hi, mid, shift = sr
     c = off4 + _tile_origin4(g0, b0, out, 16, 1)
     h = [plgpu.layout_cast(lax.broadcast_in_dim(
-            bits.hash32(*keys, c | _U32(j) if j else c), shape, (0, 1, 2)), tp.ROW_LAYOUT)
+            bits.hash32(*keys, c | _U32(j) if j else c), shape, (0, 1, 2)), layout)
          for j in range(4)]
     word = jnp.where(hi, jnp.where(mid, h[3], h[2]), jnp.where(mid, h[1], h[0])) >> shift
     return word & _U32(0xFF), (word >> 8) & _U32(0xFF)
@@ -245,7 +248,7 @@ def _col_sr_state(spec: tp.KernelSpec, out: tp.OutputSpec):
     ``4 * s_k`` more)."""
     bg, bnb = spec.bm // 16, spec.bk // 16
     s_m, s_k = out.block_strides
-    return _iota_sum(tp.COL_LAYOUT, (bg, bnb, 8), (4 * s_m, 64 * s_k, 8 * s_k))
+    return _iota_sum(tp.engine_layouts(spec)[1], (bg, bnb, 8), (4 * s_m, 64 * s_k, 8 * s_k))
 
 
 def sr_reason(shape: Sequence[int]) -> str | None:
@@ -294,14 +297,14 @@ def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
         codes, scales = outs.pop(0), outs.pop(0)
         sr = _row_sr_state(spec, spec.row) if spec.row.stochastic else None
         keys = tuple(uparams[i] for i in range(3))
-        acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.ROW_LAYOUT)
+        acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.engine_layouts(spec)[0])
         engines.append((_row_engine, codes, scales, _read_scale_params(fparams, 0), keys,
                         spec.row, sr, acc))
     if spec.col is not None:
         codes, scales = outs.pop(0), outs.pop(0)
         sr = _col_sr_state(spec, spec.col) if spec.col.stochastic else None
         keys = tuple(uparams[i] for i in range(3, 6))
-        acc = plgpu.layout_cast(jnp.zeros((bg, bnb, 8), _F32), tp.COL_LAYOUT)
+        acc = plgpu.layout_cast(jnp.zeros((bg, bnb, 8), _F32), tp.engine_layouts(spec)[1])
         engines.append((_col_engine, codes, scales, _read_scale_params(fparams, 1), keys,
                         spec.col, sr, acc))
     poison_ref = outs.pop(0) if outs else None
@@ -344,9 +347,10 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
       layout, then for each of ``(row, col)`` its poison flag (None unless ``poison``).
     """
     m, k = x2.shape
-    unit_m = 64 if (col is not None) else 16
+    narrow = config.block_cols == tp.NARROW_COLS and m % 64 == 0
+    unit_m = 64 if (col is not None or narrow) else 16
     bm = tp.pick_block(m, config.block_rows, unit_m)
-    bk = tp.pick_block(k, config.block_cols, 128)
+    bk = tp.NARROW_COLS if narrow else tp.pick_block(k, config.block_cols, 128)
     spec = tp.launch_spec(
         tp.KernelSpec(m, k, x2.dtype, bm, bk, config.stages, 0, row, col),
         num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm, interpret=interpret)

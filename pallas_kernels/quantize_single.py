@@ -67,7 +67,10 @@ class QuantizeConfig:
     Attributes:
       block_rows: rows of ``x`` per tile (rounded down to what divides M; a multiple
         of 16 for rowwise-only kernels, of 64 when a columnwise output is produced).
-      block_cols: columns of ``x`` per tile (a multiple of 128 dividing K).
+      block_cols: columns of ``x`` per tile (a multiple of 128 dividing K), or 64: narrow
+        64 × 64 tiles with 32 elements per thread instead of 64 (`tma_pipeline.engine_layouts`;
+        then ``block_rows`` must be a multiple of 64, and an ``M`` that is not falls back
+        to 128-column tiles).
       stages: TMA loads in flight per CTA (SMEM holds ``stages`` input tiles).
       ctas_per_sm: CTAs launched per SM (persistent grid of ``ctas_per_sm * SMs``).
       num_ctas: explicit grid size (overrides ``ctas_per_sm``); None derives it.
@@ -95,10 +98,11 @@ class QuantizeConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"QuantizeConfig.{name} must be a positive int, got {v!r}")
-        if self.block_rows % 16 or self.block_cols % 128:
+        narrow = self.block_cols == 64
+        if self.block_rows % (64 if narrow else 16) or (self.block_cols % 128 and not narrow):
             raise ValueError(
                 f"QuantizeConfig block ({self.block_rows}, {self.block_cols}) must be a "
-                "multiple of (16, 128)"
+                "multiple of (16, 128), or (a multiple of 64, 64)"
             )
         if self.amax_block_rows % 64 or self.amax_block_cols % 128:
             raise ValueError(

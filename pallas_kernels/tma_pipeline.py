@@ -58,6 +58,27 @@ COL_LAYOUT = plgpu.Layout.TILED(
     vector_dim=-1,
 )
 
+# Narrow tiles (64 × 64, `QuantizeConfig.block_cols` = 64): half the elements per thread
+# (32), so a thread keeps fewer values live and more warps fit an SM.
+# Rowwise: 4 groups × 16 rows × 4 blocks × 8 words; a warp per group, lanes over 8 rows ×
+# 4 blocks, each thread two rows (8 apart) of one block as 4-word vectors.
+NARROW_ROW_LAYOUT = plgpu.Layout.TILED(
+    plgpu.Tiling(((4, 16, 4, 8), (8, 4, 8), (4,))),
+    warp_dims=(-8,),
+    lane_dims=(-4, -3),
+    vector_dim=-1,
+)
+# Columnwise: a warp per group, lanes over 4 blocks × 8 words, one word per register.
+NARROW_COL_LAYOUT = plgpu.Layout.TILED(
+    plgpu.Tiling(((4, 4, 8), (1,))),
+    warp_dims=(-4,),
+    lane_dims=(-3, -2),
+    vector_dim=-1,
+)
+
+NARROW_COLS = 64
+"""Tile width of the narrow layouts (`engine_layouts`)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
@@ -93,6 +114,15 @@ class KernelSpec:
     grid: int
     row: OutputSpec | None
     col: OutputSpec | None
+
+
+def engine_layouts(spec: KernelSpec) -> tuple[Any, Any]:
+    """The (rowwise, columnwise) engines' register layouts for ``spec``'s tiles: the
+    narrow ones for 64-column tiles (then ``bm % 64 == 0``), else `ROW_LAYOUT` and
+    `COL_LAYOUT` (tiles of a multiple of 128 columns)."""
+    if spec.bk == NARROW_COLS:
+        return NARROW_ROW_LAYOUT, NARROW_COL_LAYOUT
+    return ROW_LAYOUT, COL_LAYOUT
 
 
 def kernel_name(spec: KernelSpec) -> str:

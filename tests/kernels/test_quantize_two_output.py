@@ -6,6 +6,7 @@ CPU/CI: interpret mode on one small shape. GPU (``-m gpu``, skipped without a GP
 compiled kernel at several shapes, outputs poisoned first.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -13,6 +14,10 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels import quantize_two_output as q2
+from pallas_kernels.quantize_single import TWO_OUTPUT_CONFIG
+
+NARROW = dataclasses.replace(TWO_OUTPUT_CONFIG, block_cols=64, ctas_per_sm=4)
+"""64 × 64 tiles: the narrow register layouts (`tma_pipeline.engine_layouts`)."""
 from tests.kernels.nvfp4_bits import ON_GPU, assert_same, data, on_cpu, poison_allocator
 
 
@@ -33,6 +38,17 @@ def test_interpret_two_output_sr_on_several_tiles():
     ref_rows, ref_cols = q2.reference(x, **kw)
     rows, cols = q2.quantize_rowwise_columnwise(x, row_amax=ref_rows.amax,
                                                 col_amax=ref_cols.amax, interpret=True, **kw)
+    assert_same(rows, ref_rows, "rowwise")
+    assert_same(cols, ref_cols, "columnwise")
+
+
+def test_interpret_narrow_tiles():
+    """64 × 64 tiles (2 × 4 of them: SR block numbers from tile origins along both axes)
+    give the reference's bits, amaxes computed."""
+    x = data((128, 256), seed=6)
+    kw = {"rounding": "stochastic", "row_key": jax.random.key(5), "col_key": jax.random.key(6)}
+    rows, cols = q2.quantize_rowwise_columnwise(x, config=NARROW, interpret=True, **kw)
+    ref_rows, ref_cols = q2.reference(x, **kw)
     assert_same(rows, ref_rows, "rowwise")
     assert_same(cols, ref_cols, "columnwise")
 
@@ -81,12 +97,13 @@ gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("shape", [(384, 640), (1152, 896), (8192, 8192)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_gpu_two_output(shape, rounding):
+@pytest.mark.parametrize("config", [None, NARROW], ids=["default", "narrow"])
+def test_gpu_two_output(shape, rounding, config):
     x = data(shape, seed=4)
     kw = {"rounding": rounding, "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
     ref = jax.jit(functools.partial(q2.reference, **kw))(x)
     poison_allocator(4 * x.size)
-    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, **kw))(x)
+    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, config=config, **kw))(x)
     for g, r, what in zip(got, ref, ("rowwise", "columnwise")):
         assert_same(g, r, f"{what} {shape} {rounding} vs GPU reference")
     if shape == (384, 640):
