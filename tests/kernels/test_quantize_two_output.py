@@ -15,10 +15,11 @@ import pytest
 
 from pallas_kernels import quantize_two_output as q2
 from pallas_kernels.quantize_single import TWO_OUTPUT_CONFIG
-
-NARROW = dataclasses.replace(TWO_OUTPUT_CONFIG, block_cols=64, ctas_per_sm=4)
-"""64 × 64 tiles: the narrow register layouts (`tma_pipeline.engine_layouts`)."""
 from tests.kernels.nvfp4_bits import ON_GPU, assert_same, data, on_cpu, poison_allocator
+
+WIDE = dataclasses.replace(TWO_OUTPUT_CONFIG, block_cols=128, ctas_per_sm=2)
+"""64 × 128 tiles: the wide register layouts (the default is 64 × 64, the narrow ones;
+`tma_pipeline.engine_layouts`)."""
 
 
 def test_interpret_two_output_sr():
@@ -31,7 +32,7 @@ def test_interpret_two_output_sr():
 
 
 def test_interpret_two_output_sr_on_several_tiles():
-    """SR bits of both copies on 2 x 5 tiles of 64x128 (K = 640: 40 rowwise blocks per row,
+    """SR bits of both copies on 2 x 10 tiles of 64x64 (K = 640: 40 rowwise blocks per row,
     tile origins along both axes), amaxes given: bit-identical to the reference."""
     x = data((128, 640), seed=5)
     kw = {"rounding": "stochastic", "row_key": jax.random.key(3), "col_key": jax.random.key(4)}
@@ -42,12 +43,12 @@ def test_interpret_two_output_sr_on_several_tiles():
     assert_same(cols, ref_cols, "columnwise")
 
 
-def test_interpret_narrow_tiles():
-    """64 × 64 tiles (2 × 4 of them: SR block numbers from tile origins along both axes)
+def test_interpret_wide_tiles():
+    """64 × 128 tiles (2 × 2 of them: SR block numbers from tile origins along both axes)
     give the reference's bits, amaxes computed."""
     x = data((128, 256), seed=6)
     kw = {"rounding": "stochastic", "row_key": jax.random.key(5), "col_key": jax.random.key(6)}
-    rows, cols = q2.quantize_rowwise_columnwise(x, config=NARROW, interpret=True, **kw)
+    rows, cols = q2.quantize_rowwise_columnwise(x, config=WIDE, interpret=True, **kw)
     ref_rows, ref_cols = q2.reference(x, **kw)
     assert_same(rows, ref_rows, "rowwise")
     assert_same(cols, ref_cols, "columnwise")
@@ -97,7 +98,7 @@ gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("shape", [(384, 640), (1152, 896), (8192, 8192)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-@pytest.mark.parametrize("config", [None, NARROW], ids=["default", "narrow"])
+@pytest.mark.parametrize("config", [None, WIDE], ids=["default", "wide"])
 def test_gpu_two_output(shape, rounding, config):
     x = data(shape, seed=4)
     kw = {"rounding": rounding, "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
