@@ -3,7 +3,7 @@
 Every key of a training step derives from the step key ``fold_in(run_key, step)``:
 
 * `layer_key`: a quantized layer's stochastic-rounding key, ``fold_in(step_key, h)``
-  with ``h = crc32(name) mod 2**31``;
+  with ``h = crc32(name) mod 2**31`` (`layer_keys`: several layers' at once);
 * `model_key`: the key of the model's own randomness (dropout, ...), ``fold_in(step_key,
   2**31)``: the fold-in value is outside every `layer_key`'s range, so the two never
   coincide.
@@ -15,6 +15,7 @@ Both accept typed keys (``jax.random.key``) and raw ``uint32`` keys
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -105,7 +106,56 @@ def layer_key(step_key: jax.Array, name: str) -> jax.Array:
     step_key = check_key(step_key, "step_key")
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    return jax.random.fold_in(step_key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+    return jax.random.fold_in(step_key, _name_hash(name))
+
+
+def _name_hash(name: str) -> int:
+    """The value `layer_key` folds in for ``name``: ``crc32(name) mod 2**31``."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def layer_keys(step_key: jax.Array, names: Sequence[str]) -> jax.Array:
+    """`layer_key` of several layers, bit for bit, from one batched ``fold_in``.
+
+    Each ``fold_in`` is a threefry hash that the compiler handles as a unit of its own:
+    deriving a step's layer keys one by one puts one per layer in the program, this
+    function one for all of them.
+
+    Args:
+      step_key: a per-step key; typed or raw.
+      names: the layers' names (a non-empty sequence of str).
+
+    Returns:
+      The keys stacked along a new leading axis: ``layer_keys(k, names)[i]`` is
+      ``layer_key(k, names[i])`` (typed keys: shape ``(len(names),)``; raw keys: the key
+      data of each, ``(len(names), 2)``).
+
+    Raises:
+      TypeError: if ``step_key`` is not a ``jax.random`` key or ``names`` not a sequence
+        of str.
+      ValueError: if ``names`` is empty.
+
+    Example:
+      >>> import jax
+      >>> from fp4jax.keys import layer_key, layer_keys
+      >>> k = jax.random.key(0)
+      >>> ks = layer_keys(k, ["blocks.0.attn.q", "blocks.0.mlp.up"])
+      >>> ks.shape
+      (2,)
+      >>> bool((jax.random.key_data(ks[1]) == jax.random.key_data(
+      ...     layer_key(k, "blocks.0.mlp.up"))).all())
+      True
+    """
+    step_key = check_key(step_key, "step_key")
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(f"names must be a sequence of str, got {type(names).__name__}")
+    if not names:
+        raise ValueError("names must name at least one layer, got an empty sequence")
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"names must be str, got {type(name).__name__} {name!r}")
+    hashes = jnp.asarray([_name_hash(n) for n in names], jnp.uint32)
+    return jax.vmap(lambda h: jax.random.fold_in(step_key, h))(hashes)
 
 
 def model_key(step_key: jax.Array) -> jax.Array:

@@ -10,7 +10,10 @@ GEMM operands draw from ``jax.random.fold_in(key, role)`` with a fixed role numb
 each, so the two gradient tensors of one call never share bits. To give every layer
 and every step different bits deterministically, derive the key per step
 (``fold_in(run_key, step)``) and per layer (`fp4jax.layer_key`); `fp4jax.flax` does
-this for you.
+this for you. Each ``fold_in`` is a threefry hash that the compiler handles as a unit of
+its own, so a caller that knows many calls' keys ahead of time may derive all their
+operand keys at once (``jax.vmap(role_key_table)(keys)``) and pass each call its row
+(``role_table=``) instead of its key: the same bits.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -224,9 +227,82 @@ def normalize_dimension_numbers(dn: Any, lhs_ndim: int, rhs_ndim: int) -> Dimens
     return out
 
 
+class _RoleTable(NamedTuple):
+    """A call's operand keys derived ahead of time (`role_key_table`), carried where the
+    call's key goes: `role_key` looks them up instead of deriving them."""
+
+    keys: jax.Array
+
+
+def role_key_table(key: jax.Array) -> jax.Array:
+    """The SR keys of all operands of a call with ``key``, from one batched ``fold_in``.
+
+    ``role_key_table(key)[ROLE_IDS[role]]`` is ``fold_in(key, ROLE_IDS[role])``, bit for
+    bit the key `role_key` derives. Under ``jax.vmap`` over several calls' keys it stays
+    one hash for all of them; pass a call its row as ``dot_general(..., role_table=)``.
+
+    Args:
+      key: the call's key (typed or raw).
+
+    Returns:
+      ``len(ROLE_IDS)`` keys, in ``ROLE_IDS`` order (typed: shape ``(6,)``; raw: ``(6, 2)``).
+
+    Example:
+      >>> import jax
+      >>> from fp4jax.quantized_dot import ROLE_IDS, role_key_table
+      >>> k = jax.random.key(0)
+      >>> t = role_key_table(k)
+      >>> bool((jax.random.key_data(t[ROLE_IDS["wgrad_grad"]]) == jax.random.key_data(
+      ...     jax.random.fold_in(k, ROLE_IDS["wgrad_grad"]))).all())
+      True
+    """
+    key = random_bits.check_key(key)
+    ids = jnp.arange(len(ROLE_IDS), dtype=jnp.uint32)  # ROLE_IDS numbers roles 0 .. 5
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+
+
+def check_role_table(table: Any) -> jax.Array:
+    """Returns ``table`` if it is a `role_key_table` (one key per role); raises otherwise.
+
+    Raises:
+      TypeError: if ``table`` is not an array of ``jax.random`` keys (typed or raw uint32).
+      ValueError: if it does not hold exactly one key per role (``len(ROLE_IDS)``).
+
+    Example:
+      >>> import jax
+      >>> from fp4jax.quantized_dot import check_role_table
+      >>> check_role_table(jax.random.split(jax.random.key(0), 3))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: role_table must hold one key per role (6, role_key_table(key)), got ...
+    """
+    if isinstance(table, (bool, int, float)) or not hasattr(table, "dtype"):
+        raise TypeError(f"role_table must be an array of jax.random keys "
+                        f"(role_key_table(key)), got {type(table).__name__}")
+    table = jnp.asarray(table)
+    n = len(ROLE_IDS)
+    if jnp.issubdtype(table.dtype, jax.dtypes.prng_key):
+        ok = table.shape == (n,)
+    elif table.dtype == jnp.uint32:
+        ok = table.ndim == 2 and table.shape[0] == n and table.shape[1] >= 2
+    else:
+        raise TypeError(f"role_table must be an array of jax.random keys "
+                        f"(role_key_table(key)), got an array of dtype {table.dtype}")
+    if not ok:
+        raise ValueError(f"role_table must hold one key per role ({n}, role_key_table(key)), "
+                         f"got {'keys' if table.dtype != jnp.uint32 else 'key data'} of "
+                         f"shape {table.shape}")
+    return table
+
+
 def role_key(key: jax.Array | None, op: Operand, role: str) -> jax.Array | None:
-    """The SR key of one GEMM operand: ``fold_in(key, ROLE_IDS[role])``, or None for RNE."""
-    return None if not op.stochastic else jax.random.fold_in(key, ROLE_IDS[role])
+    """The SR key of one GEMM operand: ``fold_in(key, ROLE_IDS[role])`` (looked up when
+    ``key`` carries a call's `role_key_table`), or None for RNE."""
+    if not op.stochastic:
+        return None
+    if isinstance(key, _RoleTable):
+        return key.keys[ROLE_IDS[role]]
+    return jax.random.fold_in(key, ROLE_IDS[role])
 
 
 def role_keys(key: jax.Array | None, *requests: tuple[Operand, str]
@@ -235,7 +311,7 @@ def role_keys(key: jax.Array | None, *requests: tuple[Operand, str]
     batched ``fold_in``: each ``fold_in`` is a threefry hash that the compiler handles
     as a unit of its own (a loop on CPU), so a layer's two gradient keys cost one."""
     need = [i for i, (op, _) in enumerate(requests) if op.stochastic]
-    if len(need) < 2:
+    if len(need) < 2 or isinstance(key, _RoleTable):
         return tuple(role_key(key, op, role) for op, role in requests)
     ids = jnp.asarray([ROLE_IDS[requests[i][1]] for i in need], jnp.uint32)
     derived = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
@@ -429,6 +505,7 @@ def dot_general(
     key: jax.Array | None = None,
     impl: Impl = "xla",
     rhs_gather: FP4Gather | None = None,
+    role_table: jax.Array | None = None,
 ) -> jax.Array:
     """NVFP4 `jax.lax.dot_general` with quantized forward and backward GEMMs.
 
@@ -464,6 +541,10 @@ def dot_general(
         sharded FSDP-style) is gathered for the GEMMs: its NVFP4 copies are quantized
         per shard and gathered as packed codes and E4M3 scales instead of
         high-precision values (docs/SHARDING.md). Same results as without it.
+      role_table: instead of ``key``, its operand keys derived ahead of time:
+        ``role_key_table(key)`` (one row of ``jax.vmap(role_key_table)(keys)``). Same
+        results as with ``key``; `fp4jax.flax` passes it to derive a step's keys in
+        O(1) hashes. Passing both is a `ValueError`.
 
     Returns:
       The product, shaped as `jax.lax.dot_general`'s.
@@ -504,7 +585,11 @@ def dot_general(
                 f"{what} dims have different sizes: lhs {lhs.shape} dims {ld} -> {ls}, "
                 f"rhs {rhs.shape} dims {rd} -> {rs}"
             )
-    if key is not None:
+    if role_table is not None:
+        if key is not None:
+            raise ValueError("pass key or role_table (role_key_table(key)), not both")
+        key = _RoleTable(check_role_table(role_table))
+    elif key is not None:
         key = random_bits.check_key(key)
     elif (err := missing_key_error(recipe, FORWARD_ROLES)) is not None:
         raise err

@@ -55,8 +55,9 @@ import optax
 
 from fp4jax import keys
 from fp4jax.flax import scope as scope_lib
+from fp4jax.flax.policy import ROOT_NAME
 from fp4jax.flax.scope import Mode
-from fp4jax.parallel import MeshRules
+from fp4jax.parallel import MeshRules, path_name
 from fp4jax.weight_gather import FP4Gather
 
 LossFn = Callable[..., Any]
@@ -217,6 +218,38 @@ def _traced_under(mesh_rules: MeshRules | None) -> contextlib.AbstractContextMan
 
 def _weight_gathers(mesh_rules: MeshRules | None, params: Any) -> dict:
     return {} if mesh_rules is None else mesh_rules.fp4_gathers(params)
+
+
+def layer_names(params: Any) -> tuple[str, ...]:
+    """The names of the layers that may hold ``params``' matrices, for the step scope.
+
+    A Flax matmul layer named ``N`` (its module path) holds its weight as parameter
+    ``N.kernel`` (a model that is one layer: ``kernel``, the layer being named
+    `fp4jax.flax.policy.ROOT_NAME`); a layer may also be named after its weight
+    (``N``). The step scope derives these names' SR keys on entry, all at once
+    (`fp4jax.flax.step_scope`'s ``layer_names``): the names are guesses that cost
+    nothing when wrong, since a layer not listed derives its own key, the same one.
+
+    Returns:
+      The dotted path of every parameter of two or more dimensions, without its
+      trailing ``.value`` (nnx variables, linen boxes) and ``.kernel``, in order.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from fp4jax.train import layer_names
+      >>> layer_names({"up": {"kernel": jnp.ones((4, 8)), "bias": jnp.ones(8)},
+      ...              "w": jnp.ones((8, 2))})
+      ('up', 'w')
+    """
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if np.ndim(x) < 2:
+            continue
+        name = path_name(path)
+        name = name.removesuffix(".value")
+        name = ROOT_NAME if name == "kernel" else name.removesuffix(".kernel")
+        out.append(name)
+    return tuple(dict.fromkeys(out))
 
 
 def step_key(rng: jax.Array, step: jax.Array | int) -> jax.Array:
@@ -394,9 +427,11 @@ class TrainStep:
         # NVFP4 layer quantizes is quantized per shard and gathered as codes and scales
         # (the scope's weight_gathers); XLA gathers the others where they are used.
         gathers = _weight_gathers(self.mesh_rules, state.params)
+        names = layer_names(state.params)  # their SR keys: two hashes on entry for all
 
         def wrapped(params):
-            with scope_lib.step_scope(key, mode=mode, weight_gathers=gathers) as scope:
+            with scope_lib.step_scope(key, mode=mode, weight_gathers=gathers,
+                                      layer_names=names) as scope:
                 out, model_state = call_loss(
                     self.loss_fn, params, batch, has_state=self.has_state,
                     model_state=state.model_state, key=keys.model_key(key),

@@ -114,24 +114,28 @@ class DotGeneral:
             rhs_gather = scope.rhs_gather(self.name, jax.numpy.shape(rhs), dimension_numbers)
             if rhs_gather is not None:
                 scope.fp4_gathered[self.name] = rhs_gather
-        key = None
+        key = role_table = None
         if scope is not None and not recipe.is_bf16:
             call_id = scope.next_call(self.name)
-            key = scope.layer_key(call_id, salt)
+            # The operand keys the scope derived on entry, else the layer key to derive
+            # them from (the same bits either way).
+            role_table = scope.role_table(call_id, salt)
+            if role_table is None:
+                key = scope.layer_key(call_id, salt)
             # A stacked layer runs inside scan/vmap: its statistics would be values of
             # that inner trace, unusable outside it, so it is not recorded.
             if scope.diagnostics and recipe.fprop_lhs.quantized and salt is None:
                 scope.stats[call_id] = diagnostics.fprop_stats(
-                    lhs, rhs, dimension_numbers, recipe, key
+                    lhs, rhs, dimension_numbers, recipe, scope.layer_key(call_id)
                 )
         try:
             return fp4_dot_general(
                 lhs, rhs, dimension_numbers, precision, preferred_element_type,
                 out_sharding=out_sharding, recipe=recipe, key=key, impl=self.impl,
-                rhs_gather=rhs_gather,
+                rhs_gather=rhs_gather, role_table=role_table,
             )
         except ValueError as e:
-            if key is None and recipe.needs_key:
+            if key is None and role_table is None and recipe.needs_key:
                 raise ValueError(
                     f"layer {self.name!r}: {e}. To train it, call it inside `with "
                     "fp4jax.flax.step_scope(step_key):` (opened inside your jitted step; "

@@ -21,6 +21,15 @@ folds ``i`` in again, and each of several stacked copies of a layer (``nnx.scan`
 on exit: it carries nothing across ``jit`` boundaries and nothing from one step to
 the next. `fp4jax.train` opens it for you.
 
+Each key derivation (``fold_in``) is a threefry hash that the compiler handles as a
+unit of its own, and every quantized layer needs two (its layer key, then its
+operands' keys, `fp4jax.quantized_dot.role_key_table`). Given the layers' names up
+front (``layer_names``; `fp4jax.train` passes its parameters' paths), the scope derives
+all those layers' keys on entry with two batched hashes, and each layer's first call
+looks its keys up: the same bits, O(1) hashes per step instead of O(layers). Other
+calls (repeated calls ``name#i``, stacked copies, names not listed) derive theirs as
+above.
+
 Outside a scope a layer has no key: its forward pass (which rounds to nearest) works,
 and only a backward pass that rounds stochastically raises.
 
@@ -38,13 +47,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, get_args
 
 import jax
 from jax.sharding import PartitionSpec
 
-from fp4jax import keys, weight_gather
+from fp4jax import keys, quantized_dot, weight_gather
 from fp4jax.recipe import Recipe
 from fp4jax.weight_gather import FP4Gather
 
@@ -91,6 +100,18 @@ def apply_mode(recipe: Recipe, mode: Mode) -> Recipe:
     return Recipe.bf16()
 
 
+def _check_layer_names(names: Any) -> tuple[str, ...]:
+    """``names`` as a tuple of distinct str (first occurrence kept), or a TypeError."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise TypeError(f"layer_names must be an iterable of str (layer names), got "
+                        f"{type(names).__name__} {names!r}"[:200])
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"layer_names must hold str, got {type(name).__name__} {name!r}")
+    return tuple(dict.fromkeys(names))
+
+
 def _check_key(key: Any) -> jax.Array | None:
     if key is None:
         return None
@@ -116,6 +137,8 @@ class Scope:
       weight_gathers: the FSDP-sharded parameters to gather in NVFP4 (`WeightGathers`).
       fp4_gathered: the layers that gathered NVFP4 copies of their weight, by name
         (recorded by the layers).
+      layer_names: layers whose keys are derived on creation, all at once (`layer_key`,
+        `role_table`); any other name derives its own when asked.
     """
 
     key: jax.Array | None
@@ -124,7 +147,20 @@ class Scope:
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     weight_gathers: WeightGathers = dataclasses.field(default_factory=dict)
     fp4_gathered: dict[str, FP4Gather] = dataclasses.field(default_factory=dict)
+    layer_names: tuple[str, ...] = ()
     _calls: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    _rows: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    _layer_keys: jax.Array | None = dataclasses.field(default=None, repr=False)
+    _role_tables: jax.Array | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.layer_names = _check_layer_names(self.layer_names)
+        if self.key is not None and self.layer_names:
+            # Two batched hashes for all listed layers: their layer keys, then the six
+            # operand keys of each (bit for bit the per-call derivations).
+            self._rows = {name: i for i, name in enumerate(self.layer_names)}
+            self._layer_keys = keys.layer_keys(self.key, self.layer_names)
+            self._role_tables = jax.vmap(quantized_dot.role_key_table)(self._layer_keys)
 
     def next_call(self, name: str) -> str:
         """Counts a call of layer ``name``; returns its call id (``name`` or ``name#i``)."""
@@ -138,9 +174,20 @@ class Scope:
         if self.key is None:
             return None
         name, _, i = call_id.partition("#")
-        k = keys.layer_key(self.key, name)
+        row = self._rows.get(name)
+        k = keys.layer_key(self.key, name) if row is None else self._layer_keys[row]
         k = jax.random.fold_in(k, int(i)) if i else k
         return k if salt is None else jax.random.fold_in(k, salt)
+
+    def role_table(self, call_id: str, salt: jax.Array | None = None) -> jax.Array | None:
+        """The operand keys of call ``call_id`` derived on entry
+        (``quantized_dot.role_key_table(self.layer_key(call_id))``, for
+        ``dot_general(role_table=)``), or None: no key, a name not in ``layer_names``, a
+        repeated call (``name#i``) or a ``salt`` (derive from `layer_key` instead)."""
+        row = self._rows.get(call_id)
+        if self.key is None or salt is not None or row is None:
+            return None
+        return self._role_tables[row]
 
     def rhs_gather(self, name: str, rhs_shape: tuple[int, ...],
                    dimension_numbers: Any) -> FP4Gather | None:
@@ -182,7 +229,7 @@ _CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar(
 @contextlib.contextmanager
 def step_scope(
     key: jax.Array | None, *, mode: Mode = "recipe", diagnostics: bool = False,
-    weight_gathers: WeightGathers | None = None,
+    weight_gathers: WeightGathers | None = None, layer_names: Iterable[str] = (),
 ) -> Iterator[Scope]:
     """Opens the scope in which fp4jax layers find their SR keys and precision mode.
 
@@ -195,6 +242,9 @@ def step_scope(
       weight_gathers: FSDP-sharded parameters whose layers gather them in NVFP4
         (`WeightGathers`; `fp4jax.train` passes them under a mesh). Trace under that
         mesh (``jax.sharding.use_abstract_mesh``).
+      layer_names: names of layers the scope derives keys for on entry, all at once (two
+        hashes in the program instead of two per layer; the keys are the same). Names no
+        layer uses cost a few bytes; a layer not listed derives its keys when called.
 
     Yields:
       The open `Scope`.
@@ -212,7 +262,7 @@ def step_scope(
       (4, 16)
     """
     scope = Scope(key=_check_key(key), mode=check_mode(mode), diagnostics=bool(diagnostics),
-                  weight_gathers=dict(weight_gathers or {}))
+                  weight_gathers=dict(weight_gathers or {}), layer_names=layer_names)
     token = _CURRENT.set(scope)
     try:
         yield scope
