@@ -14,6 +14,9 @@ semantics):
   one thread (2 × 16-byte vectors), so the block amax is an in-thread reduction.
 * Columnwise engine (`COL_LAYOUT`): the 16 rows of a 16-row group are 16 separate
   register arrays (16 strided SMEM loads, lanes along K, conflict-free).
+* Tiles of 64 × 64 use `NARROW_ROW_LAYOUT` and `NARROW_COL_LAYOUT` instead
+  (`engine_layouts`): the same structure with 32 elements per thread instead of 64, so
+  the kernels need fewer registers and more CTAs fit an SM.
 
 `num_sms` is the one SM count of every kernel here, the GEMM's included.
 
