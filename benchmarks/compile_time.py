@@ -292,8 +292,7 @@ def _in_subprocess(name: str, a: argparse.Namespace) -> dict[str, Any]:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name]
                          + (["--dump", a.dump] if a.dump else [])
                          + (["--layers", str(a.layers)] if a.layers else [])
-                         + ["--impl", a.impl]
-                         + (["--scales-in", a.scales_in] if a.scales_in else []),
+                         + ["--impl", a.impl],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"case {name} failed:\n{out.stderr[-4000:]}")
@@ -302,8 +301,6 @@ def _in_subprocess(name: str, a: argparse.Namespace) -> dict[str, Any]:
         row["log"] = pass_times(out.stderr)
     if a.xla_flags:
         row["xla_flags"] = a.xla_flags
-    if a.scales_in:
-        row["scales_in"] = a.scales_in
     return row
 
 
@@ -342,15 +339,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="time XLA's passes from its verbose log (slows compilation down)")
     p.add_argument("--xla-flags", default=None,
                    help="extra XLA_FLAGS for the cases' processes, e.g. --xla_gpu_autotune_level=0")
-    p.add_argument("--scales-in", default=None, choices=["xla", "kernel"],
-                   help="where the quantize kernels' scale math runs (train_step.py's switch)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out
     a = p.parse_args(argv)
     if a.one:
-        if a.scales_in:
-            from benchmarks.train_step import set_scales_in_kernel  # noqa: PLC0415
-
-            set_scales_in_kernel(a.scales_in == "kernel")
         print(json.dumps(run_case(a.one, a.dump, a.layers, a.impl)))
         return {}
     names = [c for c in a.cases.split(",") if c]

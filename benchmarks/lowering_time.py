@@ -147,16 +147,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recipe", default="nvfp4")
     p.add_argument("--impl", default="auto")
     p.add_argument("--embed", default="onehot", help="LlamaConfig.embed_lookup")
-    p.add_argument("--scales-in", default=None, choices=["xla", "kernel"],
-                   help="QuantizeConfig.scales_in_kernel (default: the library's)")
     p.add_argument("--repeats", type=int, default=3, help="keep the fastest trace and lower")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="cProfile the first repeat; print its top N cumulative entries")
     p.add_argument("--mlir", default=None, help="write the lowered module's text here")
     p.add_argument("--out", default=None, help="write the JSON result here")
     a = p.parse_args(argv)
-    if a.scales_in is not None:
-        train_step.set_scales_in_kernel(a.scales_in == "kernel")
     a.heads = a.heads or train_step.default_heads(a.dim)
     runs, text, phases, top = [], "", [], ""
     for i in range(a.repeats):
@@ -177,7 +173,6 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python " + " ".join([os.path.relpath(__file__)]
                                    + (sys.argv[1:] if argv is None else list(argv)))
     result = {**timing.environment(), "command": command, "model": vars(a),
-              "scales_in_kernel": train_step.quantize_single.TWO_OUTPUT_CONFIG.scales_in_kernel,
               "runs": runs, "best": best, "profile_phases": phases,
               **{k: v for k, v in runs[-1].items() if k not in best}}
     if a.out:
@@ -193,8 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{result['device']} host, jax {result['jax']}, {result['date']}")
     print(f"command: {command}")
     print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
-          f"{a.dtype}, {a.recipe} impl={a.impl} as on sm_90, scale math in "
-          f"{'kernels' if result['scales_in_kernel'] else 'XLA'}; lowered for CUDA; "
+          f"{a.dtype}, {a.recipe} impl={a.impl} as on sm_90; lowered for CUDA; "
           f"fastest of {len(timed)} repeat(s)" + (" (the profiled one excluded)"
                                                   if len(timed) < len(runs) else ""))
     print("| trace s | lower s | trace + lower s | CPU s (trace + lower) | StableHLO ops "

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import gzip
 import json
 import os
@@ -52,13 +51,7 @@ from fp4jax import implementation  # noqa: E402
 from fp4jax.flax.nnx import matmul_layers  # noqa: E402
 from fp4jax.reference import gemm as gemm_lib  # noqa: E402
 from fp4jax.reference import quantization  # noqa: E402
-from pallas_kernels import (  # noqa: E402
-    gemm,
-    gemm_config,
-    quantize_single,
-    quantize_two_output,
-    timing,
-)
+from pallas_kernels import gemm, gemm_config, timing  # noqa: E402
 
 TOKENS = ("corpus", "random")
 
@@ -141,18 +134,6 @@ def describe_nvfp4(trainer: tl.Trainer, gemms: list[dict]) -> str:
     lines += [f"| {g['layout']} | {g['m']} | {g['n']} | {g['k']} | {g['gemms']} | {g['sm90']} | "
               f"{g['here']} | {g['kernel_ctas']} |" for g in gemms]
     return "\n".join(lines)
-
-
-def set_scales_in_kernel(on: bool) -> None:
-    """Sets ``QuantizeConfig.scales_in_kernel`` of the kernels' default configurations.
-
-    A benchmark switch, to time both settings in one run: the library reads these module
-    defaults when a quantize kernel is traced (call before the first trace).
-    """
-    single = dataclasses.replace(quantize_single.DEFAULT_CONFIG, scales_in_kernel=on)
-    two = dataclasses.replace(quantize_single.TWO_OUTPUT_CONFIG, scales_in_kernel=on)
-    quantize_single.DEFAULT_CONFIG = single
-    quantize_single.TWO_OUTPUT_CONFIG = quantize_two_output.TWO_OUTPUT_CONFIG = two
 
 
 def decode_columns_by_transpose() -> None:
@@ -279,12 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--column-decode", default="pairs", choices=["pairs", "transpose"],
                    help="how the XLA GEMM decodes column-packed operands (see "
                         "decode_columns_by_transpose)")
-    p.add_argument("--scales-in", default=None, choices=["xla", "kernel"],
-                   help="where the quantize kernels' scale math runs "
-                        "(QuantizeConfig.scales_in_kernel; default: the library's default)")
     a = p.parse_args(argv)
-    if a.scales_in is not None:
-        set_scales_in_kernel(a.scales_in == "kernel")
     if a.column_decode == "transpose":
         decode_columns_by_transpose()
     a.heads = a.heads or default_heads(a.dim)
@@ -311,7 +287,6 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python " + " ".join([os.path.relpath(__file__)]
                                    + (sys.argv[1:] if argv is None else list(argv)))
     result = {**timing.environment(), "command": command, "model": vars(a),
-              "scales_in_kernel": quantize_single.TWO_OUTPUT_CONFIG.scales_in_kernel,
               "compute_dtype": tl.compute_dtype(a.dtype), "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
@@ -319,8 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{result['device']}, jax {result['jax']}, {result['date']}")
     print(f"command: {command}")
     print(f"Llama dim={a.dim} layers={a.layers} heads={a.heads}, batch {a.batch} x seq {a.seq}, "
-          f"compute {result['compute_dtype']}; the examples' Trainer step, state threaded; "
-          f"scale math in {'kernels' if result['scales_in_kernel'] else 'XLA'}")
+          f"compute {result['compute_dtype']}; the examples' Trainer step, state threaded")
     print("| recipe | impl | embed | tokens | NVFP4 layers | kernel GEMMs | compile s | x BF16 "
           "| step ms | x BF16 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -216,25 +216,18 @@ def output_scales(pairs: Sequence[tuple[jax.Array, jax.Array]], *, impl: Impl = 
     """The output factors ``fl(gds_lhs · gds_rhs)`` of several NVFP4 GEMMs: float32[n].
 
     ``pairs`` holds each GEMM's ``(lhs.amax, rhs.amax)``. Computed in one vectorized pass
-    (`fp4jax.numerics.scales.output_scales`), or where the quantize kernels compute their
-    scales in-kernel (`pallas_kernels.quantize_single.QuantizeConfig.scales_in_kernel`,
-    one switch for both) in one tiny kernel (`pallas_kernels.scale_kernels`): with
-    ``impl`` "auto" or "pallas" on one Hopper GPU. Same bits either way.
+    (`fp4jax.numerics.scales.output_scales`), or, with ``impl`` "auto" or "pallas" on one
+    Hopper GPU with the operands on one device (`mesh_reason`), in one tiny kernel
+    (`pallas_kernels.scale_kernels`, as the quantize kernels compute their scales). Same
+    bits either way.
 
     Example:
       >>> output_scales([(2688.0, 5376.0)]).tolist()
       [2.0]
     """
-    def kernel_reason() -> str | None:
-        from pallas_kernels import quantize_single  # noqa: PLC0415
-
-        if not quantize_single.TWO_OUTPUT_CONFIG.scales_in_kernel:
-            return "in-kernel scale math is off (QuantizeConfig.scales_in_kernel)"
-        return mesh_reason(*(a for pair in pairs for a in pair))
-
     cc = gpu_capability()
     if impl in ("auto", "pallas") and cc is not None and (9, 0) <= cc < (10, 0) \
-            and kernel_reason() is None:
+            and mesh_reason(*(a for pair in pairs for a in pair)) is None:
         from pallas_kernels import scale_kernels  # noqa: PLC0415
 
         return scale_kernels.output_scales(pairs)

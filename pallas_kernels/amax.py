@@ -164,8 +164,8 @@ def scales_from(given, computed, fallback):
     poisoned) from the amax pass; ``fallback``: a thunk giving the finite amax in XLA,
     evaluated only (``lax.cond``) when ``given`` is not finite. The returned function
     maps the quantize kernel's poison flag (used when ``given`` is not None) to the
-    stored amax (NaN when poisoned). `global_scales` turns the finite amaxes of a
-    launch's outputs into their scales.
+    stored amax (NaN when poisoned). `pallas_kernels.scale_kernels.scale_params` turns the
+    finite amaxes of a launch's outputs into their scales.
     """
     if given is None:
         amax_x, poisoned = computed()
@@ -185,9 +185,10 @@ def scales_from(given, computed, fallback):
 def global_scales(amaxes):
     """``(gds, mult)`` of each finite amax in ``amaxes`` (float32[n]), as the reference.
 
-    One vectorized pass: each correctly rounded division (`fp4jax.numerics.rounding.div_rn`)
-    is a large part of a quantized step's program, so a launch with two outputs divides
-    once for both rather than once each.
+    The XLA form of the math the quantize kernels run in `pallas_kernels.scale_kernels`;
+    the tests check that kernel against it (with `quantize_engines.scale_params`) bit for
+    bit. One vectorized pass: one correctly rounded division
+    (`fp4jax.numerics.rounding.div_rn`) for all outputs.
     """
     ges = scales.global_encode_scale(jnp.stack(amaxes).astype(_F32))
     return rnd.div_rn(np.float32(1.0), ges), ges * INV_E2M1_MAX

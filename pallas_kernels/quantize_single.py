@@ -75,11 +75,6 @@ class QuantizeConfig:
       ctas_per_sm: CTAs launched per SM (persistent grid of ``ctas_per_sm * SMs``).
       num_ctas: explicit grid size (overrides ``ctas_per_sm``); None derives it.
       amax_block_rows / amax_block_cols / amax_stages: tiling of the amax pass.
-      scales_in_kernel: compute the global scales from the amax in a tiny kernel
-        (`pallas_kernels.scale_kernels`, one custom call) instead of in XLA (~360
-        operations per output, most of a quantized step's program). The same bits
-        (tested on the H200); the NVFP4 train step compiles in 0.55-0.75x the time
-        (docs/BENCHMARKS.md, "In-kernel scale math").
     """
 
     block_rows: int = 16
@@ -90,7 +85,6 @@ class QuantizeConfig:
     amax_block_rows: int = 64
     amax_block_cols: int = 256
     amax_stages: int = 3
-    scales_in_kernel: bool = True
 
     def __post_init__(self):
         for name in ("block_rows", "block_cols", "stages", "ctas_per_sm",
@@ -201,8 +195,7 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
 
     stored, amax_x = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.tile(scale_kernels.quantize_params([amax_x], in_kernel=config.scales_in_kernel,
-                                                interpret=interpret), 2)
+    fp = jnp.tile(scale_kernels.scale_params([amax_x], interpret=interpret), 2)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)

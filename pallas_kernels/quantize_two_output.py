@@ -75,8 +75,7 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     stored_c, amax_c = amax_pass.scales_from(
         col_amax, lambda: res[0][1],
         lambda: amax_pass.finite_amax_xla(x, True, hadamard_signs, 0))
-    fp = scale_kernels.quantize_params([amax_r, amax_c], in_kernel=config.scales_in_kernel,
-                                       interpret=interpret)
+    fp = scale_kernels.scale_params([amax_r, amax_c], interpret=interpret)
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
     # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
     row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),

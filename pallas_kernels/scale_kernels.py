@@ -36,8 +36,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from fp4jax.numerics import rounding as rnd
 from fp4jax.numerics import scales
 from fp4jax.numerics.constants import INV_E2M1_MAX
-from pallas_kernels import amax as amax_pass
-from pallas_kernels import quantize_engines as engines
 from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.quantize_engines import SCALE_PARAMS
 
@@ -95,7 +93,8 @@ def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = Fa
                  ) -> jax.Array:
     """The quantize kernel's float32 parameters of outputs with these finite amaxes.
 
-    Equal, bit for bit, to `quantize_engines.scale_params(*amax.global_scales(amaxes))`.
+    Equal, bit for bit, to the same formulas in XLA,
+    `quantize_engines.scale_params(*amax.global_scales(amaxes))` (the tests' reference).
 
     Args:
       amaxes: one finite float32 amax per output.
@@ -103,26 +102,16 @@ def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = Fa
 
     Returns:
       float32[len(amaxes) * SCALE_PARAMS].
+
+    Example:
+      >>> from pallas_kernels import amax, quantize_engines
+      >>> a = scale_params([2688.0], interpret=True)
+      >>> xla = quantize_engines.scale_params(*amax.global_scales([2688.0]))
+      >>> bool((a == xla).all())
+      True
     """
     a = jnp.stack([jnp.asarray(x, _F32) for x in amaxes])
     return _scale_params_jit(a, interpret=bool(interpret))
-
-
-def quantize_params(amaxes: Sequence[jax.typing.ArrayLike], *, in_kernel: bool,
-                    interpret: bool = False) -> jax.Array:
-    """The quantize kernel's parameters of outputs with these finite amaxes: from the tiny
-    kernel (`scale_params`, ``in_kernel``, `QuantizeConfig.scales_in_kernel`) or from the
-    same functions in XLA (`quantize_engines.scale_params` of `amax.global_scales`). The
-    same bits either way.
-
-    Example:
-      >>> a = quantize_params([2688.0], in_kernel=True, interpret=True)
-      >>> bool((a == quantize_params([2688.0], in_kernel=False)).all())
-      True
-    """
-    if in_kernel:
-        return scale_params(amaxes, interpret=interpret)
-    return engines.scale_params(*amax_pass.global_scales(list(amaxes)))
 
 
 def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLike]], *,

@@ -77,57 +77,25 @@ def test_gemm_output_scale_is_not_recomputed_per_element():
     assert over_output and max(over_output) <= 16, over_output
 
 
-def _kernel_layer_stablehlo(monkeypatch, scales_in_kernel: bool) -> str:
-    """One linear layer's fwd+bwd through the Pallas kernels, lowered for CUDA on the
-    host (no GPU needed), with the kernels' scale math where ``scales_in_kernel`` puts it."""
-    import dataclasses
-
+def test_kernel_path_layer_leaves_xla_no_division(monkeypatch):
+    """One linear layer's fwd+bwd through the Pallas kernels, lowered for CUDA on the host
+    (no GPU needed): the global scales and the GEMM output factors come from tiny kernels
+    (`pallas_kernels.scale_kernels`), so the layer's XLA program holds no correctly rounded
+    division (no ``count_leading_zeros``, which each one uses) and about 470 StableHLO
+    operations. With that scale math in XLA: 2624 (3729 with each division separate)."""
     from fp4jax import implementation
-    from pallas_kernels import quantize_single as qs
-    from pallas_kernels import quantize_two_output as q2
 
-    two = dataclasses.replace(qs.TWO_OUTPUT_CONFIG, scales_in_kernel=scales_in_kernel)
-    monkeypatch.setattr(qs, "TWO_OUTPUT_CONFIG", two)
-    monkeypatch.setattr(q2, "TWO_OUTPUT_CONFIG", two)
-    monkeypatch.setattr(qs, "DEFAULT_CONFIG",
-                        dataclasses.replace(qs.DEFAULT_CONFIG, scales_in_kernel=scales_in_kernel))
     monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
 
     def fwd_bwd(x, w, key):
-        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(
-            x, w, (((1,), (0,)), ((), ())), key=key, impl="pallas"), x, w)
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl="pallas"),
+                         x, w)
         return vjp(jnp.ones_like(y))
 
-    # Traces are cached by shape with the configuration they saw: fresh caches before
-    # (none made with the other setting) and after (none left with this one).
-    jax.clear_caches()
-    try:
-        return jax.jit(fwd_bwd).trace(
-            jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16),
-            jax.ShapeDtypeStruct((768, 2048), jnp.bfloat16),
-            jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
-    finally:
-        jax.clear_caches()
-
-
-def test_kernel_path_layer_program_with_scales_in_xla_stays_small(monkeypatch):
-    """With ``QuantizeConfig(scales_in_kernel=False)`` most of a kernel-path layer's
-    program is per-tensor scalar math (correctly rounded divisions, ~120 operations
-    each). The two-output quantize launch computes both outputs' global scales in one
-    vectorized pass and the backward pass both GEMMs' output scales in one: 2624
-    StableHLO operations (3729 when each was separate)."""
-    text = _kernel_layer_stablehlo(monkeypatch, scales_in_kernel=False)
-    assert "count_leading_zeros" in text  # the divisions are in this program
-    ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
-    assert ops <= 2800, ops  # measured 2624 (4096 tokens; the shape does not matter)
-
-
-def test_in_kernel_scale_math_leaves_xla_no_division(monkeypatch):
-    """With ``QuantizeConfig.scales_in_kernel`` (the default) the global scales and the
-    GEMM output factors come from tiny kernels: the layer's XLA program holds no
-    correctly rounded division (no ``count_leading_zeros``, which each one uses) and
-    about 470 StableHLO operations instead of 2624."""
-    text = _kernel_layer_stablehlo(monkeypatch, scales_in_kernel=True)
+    text = jax.jit(fwd_bwd).trace(
+        jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16),
+        jax.ShapeDtypeStruct((768, 2048), jnp.bfloat16),
+        jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
     assert "count_leading_zeros" not in text
     ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
     assert ops <= 600, ops

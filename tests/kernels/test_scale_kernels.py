@@ -1,12 +1,11 @@
 """The per-tensor scale math as tiny kernels (`pallas_kernels.scale_kernels`): bit for bit
-the XLA computation, lowerable for CUDA, and the quantize kernels with
-``QuantizeConfig(scales_in_kernel=True)`` still equal the reference.
+the XLA computation, lowerable for CUDA, and the quantize kernels (which take their
+scales from them) still equal the reference.
 
 CPU/CI: interpret mode, and lowering for CUDA on the host (no GPU needed). GPU (``-m
 gpu``): the compiled kernels against XLA on the device.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -14,6 +13,8 @@ import numpy as np
 import pytest
 
 from fp4jax.numerics import scales
+from pallas_kernels import amax as amax_pass
+from pallas_kernels import quantize_engines as engines
 from pallas_kernels import quantize_single as qs
 from pallas_kernels import quantize_two_output as q2
 from pallas_kernels import scale_kernels as sk
@@ -29,8 +30,8 @@ PAIRS = [(np.float32(a), np.float32(b)) for a in (0.0, 1e-40, 3.5, 2688.0, 3e38,
          for b in (1.0, 6.5e-20, np.nan, 0.0)]
 
 
-# The XLA path: `amax.global_scales` + `quantize_engines.scale_params`.
-_xla_scale_params = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=False))
+# The same formulas in XLA: `amax.global_scales` + `quantize_engines.scale_params`.
+_xla_scale_params = jax.jit(lambda *a: engines.scale_params(*amax_pass.global_scales(list(a))))
 
 
 def _bits(a):
@@ -39,8 +40,8 @@ def _bits(a):
 
 def test_scale_params_kernel_is_the_xla_computation_bit_for_bit():
     """gds, mult and the 8 encode-scale reciprocals of each amax: the kernel's values are
-    the XLA path's (`scale_kernels.quantize_params` either way)."""
-    got = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=True, interpret=True))(*AMAXES)
+    the same formulas' in XLA (`amax.global_scales`, `quantize_engines.scale_params`)."""
+    got = jax.jit(lambda *a: sk.scale_params(list(a), interpret=True))(*AMAXES)
     want = _xla_scale_params(*AMAXES)
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
@@ -65,14 +66,12 @@ def test_the_kernels_lower_for_cuda(fn, args):
 
 def test_quantize_kernels_with_in_kernel_scales_equal_the_reference():
     """Single-output (2D tiles) and two-output (SR) quantization with
-    ``scales_in_kernel``: the reference's codes, scales and amax."""
+    in-kernel scales: the reference's codes, scales and amax."""
     x = data((64, 128), seed=7)
-    single = dataclasses.replace(qs.DEFAULT_CONFIG, scales_in_kernel=True)
-    two = dataclasses.replace(qs.TWO_OUTPUT_CONFIG, scales_in_kernel=True)
-    got = qs.quantize(x, block_2d=True, config=single, interpret=True)
+    got = qs.quantize(x, block_2d=True, interpret=True)
     assert_same(got, qs.reference(x, block_2d=True), "single, 2D tiles")
     kw = {"rounding": "stochastic", "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
-    rows, cols = q2.quantize_rowwise_columnwise(x, config=two, interpret=True, **kw)
+    rows, cols = q2.quantize_rowwise_columnwise(x, interpret=True, **kw)
     ref_rows, ref_cols = q2.reference(x, **kw)
     assert_same(rows, ref_rows, "two-output rowwise")
     assert_same(cols, ref_cols, "two-output columnwise")
@@ -83,15 +82,14 @@ def test_quantize_kernels_with_in_kernel_scales_equal_the_reference():
 def test_gpu_scale_kernels_equal_xla_on_the_device():
     """Compiled on the GPU: the same bits as XLA's computation on the same device, and the
     two-output quantizer with in-kernel scales equals the reference at 384x640."""
-    got = jax.jit(lambda *a: sk.quantize_params(a, in_kernel=True))(*AMAXES)
+    got = jax.jit(lambda *a: sk.scale_params(list(a)))(*AMAXES)
     want = _xla_scale_params(*AMAXES)
     np.testing.assert_array_equal(_bits(got), _bits(want))
     np.testing.assert_array_equal(_bits(jax.jit(sk.output_scales)(PAIRS)),
                                   _bits(jax.jit(scales.output_scales)(PAIRS)))
     x = data((384, 640), seed=4)
     kw = {"rounding": "stochastic", "row_key": jax.random.key(1), "col_key": jax.random.key(2)}
-    cfg = dataclasses.replace(qs.TWO_OUTPUT_CONFIG, scales_in_kernel=True)
-    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, config=cfg, **kw))(x)
+    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, **kw))(x)
     ref = jax.jit(functools.partial(q2.reference, **kw))(x)
     for g, r, what in zip(got, ref, ("rowwise", "columnwise")):
         assert_same(g, r, what)
