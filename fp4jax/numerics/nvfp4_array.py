@@ -54,13 +54,14 @@ def unpack_codes(data: jax.Array, axis: int) -> jax.Array:
 def e2m1_to_bf16(codes: jax.Array) -> jax.Array:
     """Decodes E2M1 codes to bfloat16 with integer ops only (exact).
 
-    Magnitude index ``m = c & 7`` maps to BF16 bits ``0`` (m=0), ``0x3F00`` (m=1, 0.5)
-    or ``((m >> 1) + 126) << 7 | (m & 1) << 6``; the sign bit is ``(c & 8) << 12``.
+    Magnitude index ``m = c & 7`` maps to BF16 bits ``(m << 6) + 0x3F00`` for the normal
+    values (m >= 2: exponent ``(m >> 1) + 126`` and mantissa bit ``m & 1`` are ``m`` shifted
+    into place) and ``m * 0x3F00`` for 0 and 0.5 (m = 0, 1); the sign bit is
+    ``(c & 8) << 12``. One select: the decode is in every emulated GEMM's program.
     """
     c = codes.astype(jnp.uint16)
     m = c & 7
-    normal = (((m >> 1) + 126) << 7) | ((m & 1) << 6)
-    mag = jnp.where(m == 0, jnp.uint16(0), jnp.where(m == 1, jnp.uint16(0x3F00), normal))
+    mag = jnp.where(m >= 2, (m << 6) + jnp.uint16(0x3F00), m * jnp.uint16(0x3F00))
     bits = mag | ((c & 8) << 12)
     return jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.bfloat16)
 
