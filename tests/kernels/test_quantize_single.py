@@ -6,6 +6,7 @@ GPU (``-m gpu``, skipped without a GPU): the compiled kernel at several shapes, 
 poisoned first, compared bit for bit with the reference on the same device and on CPU.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -150,6 +151,9 @@ def test_config_validation():
         qs.QuantizeConfig(block_cols=100)
     with pytest.raises(ValueError):
         qs.QuantizeConfig(stages=0)
+    with pytest.raises(ValueError, match="multiple of 64"):  # narrow tiles hold 4 row groups
+        qs.QuantizeConfig(block_rows=16, block_cols=64)
+    assert qs.QuantizeConfig(block_rows=128, block_cols=64).block_cols == 64
 
 
 # ----------------------------------------------------------------------------------------
@@ -189,6 +193,22 @@ def test_gpu_quantize(shape, mode):
     assert_same(q, ref_gpu, f"{mode} {shape} vs GPU reference")
     given = jax.jit(functools.partial(qs.quantize, amax=ref_gpu.amax, **kw))(x)
     assert_same(given, ref_gpu, f"{mode} {shape} amax given")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["row_rne", "row_sr", "row_2d", "col_rht_sr", "col_2d"])
+def test_gpu_narrow_tiles(mode):
+    """The single-output kernels on narrow 64 × 64 tiles (their register layouts differ:
+    `tma_pipeline.engine_layouts`) give the reference's bits, amax computed and given."""
+    kw = GPU_MODES[mode]
+    x = data((384, 640), seed=7)
+    cfg = dataclasses.replace(qs.COLUMNWISE_CONFIG, block_cols=64, ctas_per_sm=4)
+    ref = jax.jit(functools.partial(ref_quantize, **kw))(x)
+    poison_allocator(4 * x.size)
+    assert_same(jax.jit(functools.partial(qs.quantize, config=cfg, **kw))(x), ref, mode)
+    given = jax.jit(functools.partial(qs.quantize, config=cfg, amax=ref.amax, **kw))(x)
+    assert_same(given, ref, f"{mode} amax given")
 
 
 @gpu
