@@ -25,6 +25,9 @@ done | tee $OUT/grid_registers.txt
 # bit for bit, and the dim-768 step's compile and step time (29.6 s and 36.24 ms before).
 timeout 300 python3 -m pytest -q -m gpu tests/test_gpu.py -x > $OUT/test_gpu.log 2>&1
 echo "test_gpu rc=$?"; tail -2 $OUT/test_gpu.log
+timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_quantize_single.py -k narrow -x \
+  > $OUT/test_narrow_single.log 2>&1
+echo "narrow single-output tests rc=$?"; tail -2 $OUT/test_narrow_single.log
 timeout 170 python3 benchmarks/train_step.py --recipes bf16,nvfp4 --impls auto --iters 3 \
   --out $OUT/train_step_768.json 2>$OUT/train_step_768_stderr.log > $OUT/train_step_768.log
 echo "train_step 768 rc=$?"; grep -A4 "^| recipe" $OUT/train_step_768.log
