@@ -92,11 +92,11 @@ class QuantizeConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"QuantizeConfig.{name} must be a positive int, got {v!r}")
-        narrow = self.block_cols == 64
+        narrow = self.block_cols == tp.NARROW_COLS
         if self.block_rows % (64 if narrow else 16) or (self.block_cols % 128 and not narrow):
             raise ValueError(
                 f"QuantizeConfig block ({self.block_rows}, {self.block_cols}) must be a "
-                "multiple of (16, 128), or (a multiple of 64, 64)"
+                f"multiple of (16, 128), or (a multiple of 64, {tp.NARROW_COLS})"
             )
         if self.amax_block_rows % 64 or self.amax_block_cols % 128:
             raise ValueError(
