@@ -118,12 +118,15 @@ DEFAULT_CONFIG = QuantizeConfig()
 COLUMNWISE_CONFIG = QuantizeConfig(block_rows=64, block_cols=128, stages=3, ctas_per_sm=2)
 """Fastest measured for the columnwise engine alone: 64x128 tiles, 3 stages, 2 CTAs/SM."""
 
-TWO_OUTPUT_CONFIG = QuantizeConfig(block_rows=64, block_cols=64, stages=3, ctas_per_sm=4)
+TWO_OUTPUT_CONFIG = QuantizeConfig(block_rows=64, block_cols=64, stages=2, ctas_per_sm=8)
 """Fastest measured for the two-output kernels: narrow 64x64 tiles (32 elements per
-thread), 3 stages, 4 CTAs/SM. On the H200 at 32768 x 2048 / 5504 (docs/BENCHMARKS.md)
-the stochastic-rounding launch takes 7% less time than with 64x128 tiles at 2 CTAs/SM,
-the round-to-nearest one 12-14% less: the kernels are latency-bound, and the narrow
-tiles' fewer registers per thread (124-164 instead of 176-255) let more warps run."""
+thread), 2 stages, 8 persistent CTAs per SM. On the H200 at 32768 x 2048 / 5504
+(docs/BENCHMARKS.md) the stochastic-rounding launch takes 7% less time than with 64x128
+tiles at 2 CTAs/SM and the round-to-nearest one 12-14% less: the kernels are
+latency-bound, and the narrow tiles' fewer registers per thread (123-206 instead of
+176-255) let more warps run. Of the grids swept (3-8 CTAs per SM, 2-4 stages), 8 CTAs
+with 2 stages was fastest for SR with the amax pass: 3% less time than 4 CTAs with 3 stages at
+K = 2048 and 6% less at K = 5504; round-to-nearest changed by under 3%."""
 
 
 def supports(shape: Sequence[int], dtype: Any, *, axis: int, block_2d: bool,
