@@ -122,6 +122,75 @@ def paired_gaps(variants: dict[str, dict[int, dict]]) -> dict[str, dict[int, flo
             for v, runs in variants.items() if v != BASELINE}
 
 
+def seeds_for_half_width(sd: float, target: float) -> int:
+    """The fewest seeds whose 95% t-interval of the mean has half-width <= ``target``
+    when the per-seed values have standard deviation ``sd``.
+
+    Beyond `T_975`'s table the t quantile is the normal one with the first
+    Cornish-Fisher term, ``z + (z³ + z) / (4 df)`` (within 0.2% of the exact quantile
+    at 30 degrees of freedom and closer above).
+
+    Example:
+      >>> seeds_for_half_width(0.010, 0.003)
+      46
+    """
+    if not (sd >= 0 and target > 0):
+        raise ValueError(f"need sd >= 0 and target > 0, got sd={sd!r}, target={target!r}")
+    z = 1.959963985
+    n = 2
+    while True:
+        df = n - 1
+        t = T_975[df] if df in T_975 else z + (z ** 3 + z) / (4 * df)
+        if t * sd / math.sqrt(n) <= target:
+            return n
+        n += 1
+
+
+def _val_at(r: dict[str, Any]) -> dict[int, float]:
+    """``{step: validation bpb}`` of a unit's curve (rows ``[step, tokens, bpb]``)."""
+    return {int(row[0]): float(row[2]) for row in r.get("val_curve", [])
+            if row[2] is not None and math.isfinite(row[2])}
+
+
+def gap_along_training(variants: dict[str, dict[int, dict]],
+                       fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0)) -> str:
+    """The paired gap's mean and seed-to-seed sd at several points of the runs, and the
+    seeds that the final sd would need for a ±`WIDE_PP` pp interval (a markdown table;
+    empty without a variant of two or more seeds paired with BF16).
+
+    The columns are the evaluation steps nearest to ``fractions`` of the run that every
+    paired seed of the variant and of BF16 recorded.
+    """
+    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
+    rows, steps_used = [], None
+    for v, runs in variants.items():
+        if v == BASELINE:
+            continue
+        curves = {s: _val_at(r) for s, r in runs.items() if s in base and _finite_val(r)}
+        if len(curves) < 2:
+            continue
+        common = sorted(set.intersection(*(set(c) & set(base[s]) for s, c in curves.items())))
+        if not common:
+            continue
+        last = common[-1]
+        picks = sorted({min(common, key=lambda t, f=f: abs(t - f * last)) for f in fractions})
+        steps_used = steps_used or picks
+        if picks != steps_used:
+            continue  # a variant evaluated at other steps: not comparable in one table
+        cells, sd = [], 0.0
+        for t in picks:
+            iv = mean_interval([curves[s][t] / base[s][t] - 1.0 for s in curves])
+            sd = iv.sd or 0.0
+            cells.append(f"{_pct(iv.mean)} ± {sd * 100:.2f}")
+        need = seeds_for_half_width(sd, WIDE_PP / 100)
+        rows.append(f"| {v} (n={len(curves)}) | " + " | ".join(cells) + f" | {need} |")
+    if not rows:
+        return ""
+    head = ("| variant | " + " | ".join(f"step {t}" for t in steps_used)
+            + f" | seeds for ±{WIDE_PP} pp at the final sd |")
+    return "\n".join([head, "|" + " --- |" * (len(steps_used) + 2), *rows])
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.2f}%"
 
@@ -361,6 +430,11 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
             f"{any_r['segments'][-1]['environment']['jax']}.", "",
             gap_table(spec, variants), "",
         ]
+        along = gap_along_training(variants)
+        if along:
+            lines += ["The paired gap along training (mean ± seed-to-seed sd, percent, at "
+                      "the evaluation steps), and how many seeds the last sd would need "
+                      f"for a ±{WIDE_PP} pp 95% interval:", "", along, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")

@@ -274,3 +274,40 @@ def test_a_trainer_reused_for_another_seed_trains_as_a_fresh_one_without_recompi
         _leaves(reused.params0), _leaves(first.params0), strict=True))  # seed 1's own init
     with pytest.raises(ValueError, match="lr"):
         first.for_run(dataclasses.replace(TINY.run_config(seed1), lr=1e-3))
+
+
+def test_seeds_for_half_width_is_the_fewest_that_reach_the_target():
+    """The returned n meets the half-width target and n - 1 does not (table t up to 30
+    degrees of freedom, the approximate quantile beyond); a zero sd needs two seeds."""
+    def half(n, sd):
+        df = n - 1
+        t = study_report.T_975.get(df, 1.959963985 + (1.959963985**3 + 1.959963985) / (4 * df))
+        return t * sd / math.sqrt(n)
+
+    for sd in (0.001, 0.004, 0.0103, 0.02):
+        n = study_report.seeds_for_half_width(sd, 0.003)
+        assert half(n, sd) <= 0.003 and (n == 2 or half(n - 1, sd) > 0.003), (sd, n)
+    assert study_report.seeds_for_half_width(0.0, 0.003) == 2
+    with pytest.raises(ValueError, match="target"):
+        study_report.seeds_for_half_width(0.01, 0.0)
+
+
+def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
+    """Each column is the paired gap at one evaluation step (mean ± sd over seeds), and the
+    last column is the seed count the final step's sd needs; a variant with one paired seed
+    has no row."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
+    variants = {"bf16": {s: _fake_result(spec, "bf16", s, BF16_VALS[s]) for s in SEEDS},
+                "paper": {s: _fake_result(spec, "paper", s, BF16_VALS[s] * (1 + GAPS["paper"][s]))
+                          for s in SEEDS},
+                "no_sr": {0: _fake_result(spec, "no_sr", 0, 2.1)}}
+    table = study_report.gap_along_training(variants)
+    head, _, row, *rest = table.splitlines()
+    assert "step 50" in head and "step 100" in head and not rest
+    mid = study_report.mean_interval(
+        [(BF16_VALS[s] * (1 + GAPS["paper"][s]) + 0.5) / (BF16_VALS[s] + 0.5) - 1 for s in SEEDS])
+    end = study_report.mean_interval(list(GAPS["paper"].values()))
+    need = study_report.seeds_for_half_width(end.sd, study_report.WIDE_PP / 100)
+    assert row == (f"| paper (n=3) | {mid.mean * 100:+.2f}% ± {mid.sd * 100:.2f} | "
+                   f"{end.mean * 100:+.2f}% ± {end.sd * 100:.2f} | {need} |")
+    assert study_report.gap_along_training({"bf16": variants["bf16"]}) == ""
