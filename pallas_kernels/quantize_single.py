@@ -207,7 +207,8 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
 
     stored, amax_x = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.tile(scale_kernels.scale_params([amax_x], interpret=interpret), 2)
+    # One output's parameters in both the rowwise and the columnwise engine's slot.
+    fp = scale_kernels.scale_params([amax_x, amax_x], interpret=interpret)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)
