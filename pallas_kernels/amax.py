@@ -4,8 +4,9 @@ The quantize kernel needs the global encode scale before its first block, so whe
 caller gives no amax, one extra read of ``x`` computes it: `run_amax` returns
 ``max|x|`` over finite values and whether any value was non-finite (the stored amax is
 then NaN), and, for the columnwise RHT output, the same for ``RHT_col(x)`` from the
-same read. `scales_from` turns a given or computed amax into the global scales exactly
-as `fp4jax.reference.quantization.quantize` derives them.
+same read (`plain_amax` leaves a small unrotated input to XLA). `scales_from` turns a
+given or computed amax into the global scales exactly as
+`fp4jax.reference.quantization.quantize` derives them.
 
 Example:
   >>> import jax.numpy as jnp
@@ -147,6 +148,53 @@ def _run_amax_jit(x2: jax.Array, want_rht: bool, signs, config: Any, interpret: 
     rot = (bits.round_block_max(part[2] * np.float32(0.25), x2.dtype),
            ~(part[3] * np.float32(0.25) < np.float32(overflow)))
     return plain, rot
+
+
+def plain_amax(x2: jax.Array, config: Any, interpret: bool):
+    """(max|x| over finite values, whether any value is non-finite) of ``x2``, unrotated.
+
+    The rule: an input of at most ``config.xla_amax_elements`` elements
+    (`pallas_kernels.quantize_single.QuantizeConfig`; default 2**22, 8 MiB of bfloat16:
+    every weight of the examples' dim-768 model and the dim-2048 model's square ones) is
+    reduced by XLA (`xla_plain_amax`), a larger one by the amax kernel (`run_amax`). The
+    rule is for compile time: each input shape the kernel reduces is one more distinct
+    Mosaic GPU kernel to lower on the host and compile (docs/BENCHMARKS.md, "Lowering
+    time of the NVFP4 step"), while a max-abs reduce is exact in any order, so both give
+    the same bits. No measured comparison of XLA's reduce with the kernel exists yet (to be
+    timed on the H200); the bound is kept conservative: at the H200's copy rate (~2.6 TB/s,
+    docs/BENCHMARKS.md) 8 MiB is a ~3 µs read, and the kernel's path ends in an XLA
+    reduce of its per-CTA partial maxima anyway. The rotated amax stays a kernel.
+
+    Args:
+      x2: bfloat16/float16 ``(M, K)`` (the shapes `run_amax` takes).
+      config: a `pallas_kernels.quantize_single.QuantizeConfig`.
+      interpret: Mosaic GPU interpret mode (CPU) for the kernel.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from pallas_kernels import quantize_single
+      >>> x = jnp.ones((64, 128), jnp.bfloat16).at[5, 7].set(-20.0)
+      >>> m, poisoned = plain_amax(x, quantize_single.DEFAULT_CONFIG, True)
+      >>> float(m), bool(poisoned)
+      (20.0, False)
+    """
+    if x2.size <= config.xla_amax_elements:
+        return xla_plain_amax(x2)
+    return run_amax(x2, False, None, config, interpret)[0]
+
+
+def xla_plain_amax(x2: jax.Array):
+    """`run_amax`'s plain result in XLA: (max|x| over finite x, whether any x is not finite).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> m, poisoned = xla_plain_amax(jnp.array([[1.0, -jnp.inf, -3.0]], jnp.bfloat16))
+      >>> float(m), bool(poisoned)
+      (3.0, True)
+    """
+    a = jnp.abs(x2.astype(_F32))
+    finite = a < np.float32(np.inf)  # false for NaN too
+    return jnp.max(jnp.where(finite, a, np.float32(0.0))), ~jnp.all(finite)
 
 
 def finite_amax_xla(x2: jax.Array, hadamard: bool, signs, axis: int) -> jax.Array:

@@ -7,7 +7,8 @@ rounding (the reference's counter-based bits: 8 per element, one 32-bit hash per
 elements), optional 16×16 random Hadamard transform along the quantized axis, 1D
 (1×16) or 2D (16×16) blocks. The global amax is either
 passed in or computed by a separate reduction kernel (`pallas_kernels.amax`: one extra
-read of ``x``; the quantize kernel needs the global scale before its first block).
+read of ``x``; the quantize kernel needs the global scale before its first block), or,
+unrotated and for a small input, by XLA (`pallas_kernels.amax.plain_amax`).
 
 The kernel body is `pallas_kernels.quantize_engines` (rowwise engine for blocks along
 the last axis, columnwise engine for blocks along the second-to-last), its numerics
@@ -75,6 +76,9 @@ class QuantizeConfig:
       ctas_per_sm: CTAs launched per SM (persistent grid of ``ctas_per_sm * SMs``).
       num_ctas: explicit grid size (overrides ``ctas_per_sm``); None derives it.
       amax_block_rows / amax_block_cols / amax_stages: tiling of the amax pass.
+      xla_amax_elements: a plain (not rotated) global amax of an input of at most this
+        many elements is reduced by XLA instead of the amax kernel (0: always the kernel);
+        see `pallas_kernels.amax.plain_amax`.
     """
 
     block_rows: int = 16
@@ -85,6 +89,7 @@ class QuantizeConfig:
     amax_block_rows: int = 64
     amax_block_cols: int = 256
     amax_stages: int = 3
+    xla_amax_elements: int = 1 << 22
 
     def __post_init__(self):
         for name in ("block_rows", "block_cols", "stages", "ctas_per_sm",
@@ -103,6 +108,9 @@ class QuantizeConfig:
                 f"QuantizeConfig amax block ({self.amax_block_rows}, {self.amax_block_cols}) "
                 "must be a multiple of (64, 128)"
             )
+        if not isinstance(self.xla_amax_elements, int) or self.xla_amax_elements < 0:
+            raise ValueError("QuantizeConfig.xla_amax_elements must be an int >= 0, got "
+                             f"{self.xla_amax_elements!r}")
         if self.num_ctas is not None and (not isinstance(self.num_ctas, int) or self.num_ctas < 1):
             raise ValueError(f"QuantizeConfig.num_ctas must be None or >= 1, got {self.num_ctas!r}")
 
@@ -193,12 +201,14 @@ def _quantize_jit(x, key, amax, *, axis, block_2d, rounding, hadamard, hadamard_
     is_col = transposed or axis != x.ndim - 1
 
     def computed():
-        plain, rot = amax_pass.run_amax(xk, out.hadamard, signs, config, interpret)
-        return rot if out.hadamard else plain
+        if out.hadamard:
+            return amax_pass.run_amax(xk, True, signs, config, interpret)[1]
+        return amax_pass.plain_amax(xk, config, interpret)
 
     stored, amax_x = amax_pass.scales_from(
         amax, computed, lambda: amax_pass.finite_amax_xla(xk, out.hadamard, signs, 0))
-    fp = jnp.tile(scale_kernels.scale_params([amax_x], interpret=interpret), 2)
+    # One output's parameters in both the rowwise and the columnwise engine's slot.
+    fp = scale_kernels.scale_params([amax_x, amax_x], interpret=interpret)
     up = jnp.concatenate([bits.sr_key_words(key), bits.sr_key_words(key)])
     (codes, scales), flags = engines.run_quantize(
         xk, None if is_col else out, out if is_col else None, fp, up, config, interpret)

@@ -8,7 +8,8 @@ factor ``fl(gds_lhs · gds_rhs)``: a few correctly rounded divisions
 they are most of a quantized step's program — thousands of scalar operations per layer
 that XLA's fusion passes work through (docs/BENCHMARKS.md, "Compile time"). Here they
 run inside one single-thread-of-work kernel per call site: XLA sees one custom call,
-and the kernel (the same for every layer of a shape) is compiled once.
+and the kernel (the same for every call of up to `LAUNCH_COUNT` amaxes or pairs) is
+compiled once.
 
 The kernels call the reference's own functions (`fp4jax.numerics.scales`), which are
 written with only the operations Mosaic GPU lowers on scalars: non-finite tests as
@@ -40,6 +41,13 @@ from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.quantize_engines import SCALE_PARAMS
 
 _F32 = jnp.float32
+
+LAUNCH_COUNT = 2
+"""Amaxes (`scale_params`) or amax pairs (`output_scales`) each launch takes at least: a
+call with fewer is padded with zero amaxes and its results sliced, so the call sites of
+one and of two outputs (single- and two-output quantization; the forward's one GEMM and
+the backward's two) share one compiled kernel. Each value is computed on its own, so
+the padding changes no bit of the others."""
 
 
 def _scale_params_kernel(amax_ref, out_ref, *, n: int):
@@ -89,6 +97,16 @@ def _output_scales_jit(amaxes: jax.Array, *, interpret: bool) -> jax.Array:
                    "fp4jax_output_scales", interpret)
 
 
+def _padded(values: list[jax.Array], length: int) -> jax.Array:
+    """``values`` stacked, with zeros appended up to ``length`` entries."""
+    return jnp.stack(values + [jnp.zeros((), _F32)] * max(0, length - len(values)))
+
+
+def _leading(a: jax.Array, n: int) -> jax.Array:
+    """The first ``n`` entries of ``a`` (no slice operation when that is all of it)."""
+    return a if a.shape[0] == n else a[:n]
+
+
 def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = False
                  ) -> jax.Array:
     """The quantize kernel's float32 parameters of outputs with these finite amaxes.
@@ -110,8 +128,8 @@ def scale_params(amaxes: Sequence[jax.typing.ArrayLike], *, interpret: bool = Fa
       >>> bool((a == xla).all())
       True
     """
-    a = jnp.stack([jnp.asarray(x, _F32) for x in amaxes])
-    return _scale_params_jit(a, interpret=bool(interpret))
+    a = _padded([jnp.asarray(x, _F32) for x in amaxes], LAUNCH_COUNT)
+    return _leading(_scale_params_jit(a, interpret=bool(interpret)), len(amaxes) * SCALE_PARAMS)
 
 
 def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLike]], *,
@@ -121,5 +139,5 @@ def output_scales(pairs: Sequence[tuple[jax.typing.ArrayLike, jax.typing.ArrayLi
     Returns:
       float32[len(pairs)], bit for bit the XLA computation's (NaN for a NaN amax).
     """
-    a = jnp.stack([jnp.asarray(x, _F32) for pair in pairs for x in pair])
-    return _output_scales_jit(a, interpret=bool(interpret))
+    a = _padded([jnp.asarray(x, _F32) for pair in pairs for x in pair], 2 * LAUNCH_COUNT)
+    return _leading(_output_scales_jit(a, interpret=bool(interpret)), len(pairs))

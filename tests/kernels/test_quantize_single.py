@@ -74,6 +74,31 @@ def test_interpret_sr_is_the_reference_bitwise(name, shape, dtype, kw):
     assert_same(qs.quantize(x, amax=ref.amax, interpret=True, **kw), ref, name)
 
 
+_KERNEL_AMAX = dataclasses.replace(qs.COLUMNWISE_CONFIG, xla_amax_elements=0)
+
+
+@pytest.mark.parametrize("bad", [(), (jnp.nan, -jnp.inf)], ids=["finite", "nonfinite"])
+def test_plain_amax_in_xla_is_the_kernels_bitwise(bad):
+    """The unrotated global amax of a small input is reduced by XLA (`amax.plain_amax`'s
+    size rule), of a large one by the amax kernel: both give the same finite maximum and
+    non-finite flag, so the quantization (here the weights' 16x16 tiles) is the
+    reference's either way."""
+    from pallas_kernels import amax as amax_pass
+
+    x = data((64, 128), seed=9)
+    for i, v in enumerate(bad):
+        x = x.at[5 + i, 7 + 2 * i].set(v)
+    xla = amax_pass.plain_amax(x, qs.COLUMNWISE_CONFIG, True)
+    kernel = amax_pass.plain_amax(x, _KERNEL_AMAX, True)
+    np.testing.assert_array_equal(np.asarray(xla[0]).view(np.uint32),
+                                  np.asarray(kernel[0]).view(np.uint32))
+    assert bool(xla[1]) == bool(kernel[1]) == bool(bad)
+    ref = ref_quantize(x, axis=0, block_2d=True)
+    for cfg in (qs.COLUMNWISE_CONFIG, _KERNEL_AMAX):
+        got = qs.quantize(x, axis=0, block_2d=True, config=cfg, interpret=True)
+        assert_same(got, ref, f"xla_amax_elements={cfg.xla_amax_elements}")
+
+
 def test_sr_block_count_limit_is_the_reference_one():
     """More than 2**30 blocks: SR raises ValueError (the uint32 block counter), as the
     reference; exactly 2**30 blocks are taken. Traced only (no memory is allocated)."""
@@ -151,6 +176,8 @@ def test_config_validation():
         qs.QuantizeConfig(block_cols=100)
     with pytest.raises(ValueError):
         qs.QuantizeConfig(stages=0)
+    with pytest.raises(ValueError, match="xla_amax_elements"):
+        qs.QuantizeConfig(xla_amax_elements=-1)
     with pytest.raises(ValueError, match="multiple of 64"):  # narrow tiles hold 4 row groups
         qs.QuantizeConfig(block_rows=16, block_cols=64)
     assert qs.QuantizeConfig(block_rows=128, block_cols=64).block_cols == 64

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from benchmarks import compile_time
 from fp4jax.numerics import scales
 from pallas_kernels import amax as amax_pass
 from pallas_kernels import quantize_engines as engines
@@ -52,6 +53,30 @@ def test_output_scales_kernel_is_the_xla_computation_bit_for_bit():
     want = jax.jit(scales.output_scales)(PAIRS)
     np.testing.assert_array_equal(_bits(got), _bits(want))
     assert np.isnan(np.asarray(got)[[i for i, p in enumerate(PAIRS) if np.isnan(p).any()]]).all()
+
+
+def test_one_output_calls_are_padded_to_the_shared_kernel_with_the_same_bits():
+    """A call with one amax (one pair) runs the kernel of `sk.LAUNCH_COUNT` amaxes (pairs)
+    on zero padding: each value is still the XLA computation's, bit for bit (here the
+    amaxes that need `div_rn`'s digit correction, and a NaN pair)."""
+    amaxes, pairs = [AMAXES[3], AMAXES[6]], [PAIRS[3], PAIRS[21]]
+    one = jax.jit(lambda *a: [sk.scale_params([x], interpret=True) for x in a])(*amaxes)
+    np.testing.assert_array_equal(_bits(np.concatenate(one)), _bits(_xla_scale_params(*amaxes)))
+    got = jax.jit(lambda p: [sk.output_scales([q], interpret=True) for q in p])(pairs)
+    np.testing.assert_array_equal(_bits(np.concatenate(got)),
+                                  _bits(jax.jit(scales.output_scales)(pairs)))
+
+
+def test_call_sites_of_one_and_two_outputs_lower_one_kernel_each():
+    """Lowered for CUDA, a program that takes the scale parameters of one and of two
+    outputs and the output scales of one and of two GEMMs holds two distinct kernels (one
+    `fp4jax_scale_params`, one `fp4jax_output_scales`), not four."""
+    def program(a, b, c, d):
+        return (sk.scale_params([a]), sk.scale_params([a, b]), sk.output_scales([(a, b)]),
+                sk.output_scales([(a, b), (c, d)]))
+
+    text = jax.jit(program).trace(*AMAXES[:4]).lower(lowering_platforms=("cuda",)).as_text()
+    assert compile_time.mosaic_kernels(text)[1] == 2
 
 
 @pytest.mark.parametrize("fn,args", [
