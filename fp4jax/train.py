@@ -415,6 +415,43 @@ class TrainStep:
         else:
             self.jitted = _ShardedStep(self._step, optimizer, mesh_rules, donate_argnums)
         self._last_step: tuple[jax.Array, int] | None = None  # (state.step returned, value)
+        self._donate_argnums = donate_argnums
+        self._vmapped: Callable | None = None
+
+    def vmapped(self) -> Callable[..., tuple[TrainState, dict]]:
+        """This step over a stack of independent states: ``fn(states, batches, mode=...)
+        -> (states, metrics)``, jitted (one program per mode, this step's donation).
+
+        Every leaf of ``states`` and ``batches`` carries a leading axis of the same size:
+        entry ``i`` is a run of its own (its parameters, optimizer state, run key and
+        data), e.g. several seeds of one model trained as one program. Each run follows
+        the recipe as in a single-run step; the batched GEMMs may sum in another order,
+        so a run's results are not bitwise those of the single-run step.
+
+        Raises:
+          ValueError: for a step on a mesh (``mesh_rules``): the stack would need its
+            own sharding.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, optax
+          >>> from fp4jax.train import TrainStep, init_state
+          >>> step = TrainStep(lambda p, b: jnp.sum((p * b) ** 2), optax.sgd(0.1))
+          >>> runs = [init_state(jnp.ones(3), optax.sgd(0.1), seed) for seed in (0, 1)]
+          >>> states = jax.tree.map(lambda *x: jnp.stack(x), *runs)
+          >>> states, metrics = step.vmapped()(states, jnp.ones((2, 3)), mode="recipe")
+          >>> metrics["loss"].shape
+          (2,)
+        """
+        if self.mesh_rules is not None:
+            raise ValueError("TrainStep.vmapped: a step on a mesh (mesh_rules) cannot be "
+                             "vmapped over runs; train the runs one at a time")
+        if self._vmapped is None:
+            def batched(states, batches, mode: Mode):
+                return jax.vmap(lambda s, b: self._step(s, b, mode))(states, batches)
+
+            self._vmapped = jax.jit(batched, static_argnames=("mode",),
+                                    donate_argnums=self._donate_argnums)
+        return self._vmapped
 
     def _step(self, state: TrainState, batch: Any, mode: Mode) -> tuple[TrainState, dict]:
         with _traced_under(self.mesh_rules):

@@ -252,3 +252,36 @@ def test_step_number_without_step_arg_is_a_host_counter_not_a_device_read(monkey
     assert traces == [1, 1, 2, 2]  # "bf16_forward" compiled when step 2 came, not before
     with pytest.raises(ValueError, match="state.step is 4"):
         train_step(state, batch, step=3)  # a wrong host step is still caught, from the copy
+
+
+def test_vmapped_step_trains_each_stacked_run_as_the_single_run_step_does():
+    """Two runs (own parameters, run keys and data) stacked through `TrainStep.vmapped`
+    end where each run's own steps end (an NVFP4 layer with SR gradients; up to the
+    batched GEMM's summation order); the runs stay distinct; a mesh step refuses."""
+    dg = fp4jax.flax.DotGeneral(name="w")
+
+    def loss_fn(params, batch):
+        y = dg(batch["x"], params["w"], (((1,), (0,)), ((), ())))
+        return jnp.mean((y - batch["y"]) ** 2)
+
+    opt = optax.adam(1e-2)
+    step = TrainStep(loss_fn, opt)
+    runs = [init_state({"w": jax.random.normal(jax.random.key(s), (32, 16))}, opt, s)
+            for s in (0, 1)]
+    data = [{"x": jax.random.normal(jax.random.key(10 + s), (16, 32)),
+             "y": jnp.zeros((16, 16))} for s in (0, 1)]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *runs)
+    batches = jax.tree.map(lambda *x: jnp.stack(x), *data)
+    for _ in range(3):
+        stacked, metrics = step.vmapped()(stacked, batches, mode="recipe")
+    for s in (0, 1):
+        state = runs[s]
+        for i in range(3):
+            state, m = step(state, data[s], step=i)
+        np.testing.assert_allclose(stacked.params["w"][s], state.params["w"], rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(metrics["loss"][s], m["loss"], rtol=1e-5)
+    assert not np.allclose(stacked.params["w"][0], stacked.params["w"][1])
+    mesh = fp4jax.parallel.MeshRules(mesh=jax.make_mesh((1, 1, 1), ("data", "fsdp", "model")))
+    with pytest.raises(ValueError, match="mesh"):
+        TrainStep(loss_fn, opt, mesh_rules=mesh).vmapped()
