@@ -507,6 +507,12 @@ what is left); and the newest entries of the persistent compilation cache
 per-trace name in their serialized modules, JAX 0.11.2). Within a call the later seeds of
 a variant reuse the first seed's compiled steps.
 
+More seeds per device second: `run --seed-batch K` trains K seeds of a variant as one
+vmapped program (`studies/seed_batch.py`): each seed its own initialization, data order
+and SR keys; the units' JSON records the batch (`seed_batch`), and the batched GEMMs
+sum in another order than a seed's unbatched run. A batch has no checkpoints and must
+finish within its call. Its speed on the H200 is not measured yet.
+
 First call on a machine: `plan pure_llama` prints the corpora as that interpreter has
 them and the epochs each run reads (the prose corpus is much smaller than the Python one;
 `run` skips a unit that would read a whole epoch). `--variants bf16,paper`,

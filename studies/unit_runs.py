@@ -45,7 +45,8 @@ from unit_records import corpus_info, diagnostics_samples, environment, latest_b
 from fp4jax.checkpoint import Checkpointer
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
+    """Writes ``obj`` to ``path`` as JSON, atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
@@ -147,7 +148,7 @@ def run_unit(
         "first_step_s": summary["first_step_s"], "train_wall_s": summary["train_wall_s"],
         "paused_s": summary["paused_s"], "environment": environment(command),
     })
-    _write_json(seg_path, segments)
+    write_json(seg_path, segments)
     if summary["steps"] < steps:
         return Outcome(unit, False, summary["steps"], None, state)
     extra = {}
@@ -157,7 +158,7 @@ def run_unit(
             state.params, jax.device_put(val, trainer.batch_sharding), "bf16")
     result = build_result(spec, unit, summary, read_records(work / "metrics.jsonl"), segments,
                           corpus, extra)
-    _write_json(result_path(results, unit), result)
+    write_json(result_path(results, unit), result)
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # finished: the result is what is kept
     return Outcome(unit, True, summary["steps"], result, state)
 
@@ -257,7 +258,8 @@ def estimate_s(spec: StudySpec, unit: Unit, results: Path, *, compiled: bool = F
     diag = spec.run_config(unit).diag_every > 0
     quantized = spec.variant(unit.variant).quantized
     alike = [(u, r) for u in spec.units() if spec.variant(u.variant).quantized == quantized
-             for r in [finished(results, u)] if r and r.get("train_wall_s") and r.get("steps")]
+             for r in [finished(results, u)] if r and r.get("train_wall_s") and r.get("steps")
+             and not r.get("seed_batch")]  # a batch's units share its time
     if not alike:
         return None
 

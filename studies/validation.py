@@ -8,7 +8,8 @@
 The study's command line. Its parts are modules of their own: the studies and their
 units (`study_specs`), running the units within a budget (`unit_runs`; what a result
 records besides its numbers: `unit_records`), handing the work from one device call to
-the next (`study_handoff`), the report (`study_report`). docs/STUDY.md says how to run
+the next (`study_handoff`), the report (`study_report`); ``run --seed-batch K`` trains a
+variant's seeds K at a time as one program (`seed_batch`). docs/STUDY.md says how to run
 each study in device calls.
 """
 
@@ -24,6 +25,7 @@ from study_specs import CORPORA, REPO, STUDIES, VARIANTS  # first: it puts examp
 # isort: split
 import data as data_lib
 import jax
+from seed_batch import run_seed_batches
 from study_handoff import pack_handoff, restore_handoff, unpack
 from unit_runs import finished, run_study, status_lines
 
@@ -68,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="JAX persistent compilation cache (default RESULTS/work/jax_cache; "
                         "'none': off)")
     r.add_argument("--progress", action="store_true")
+    r.add_argument("--seed-batch", type=int, default=0, metavar="K",
+                   help="train up to K seeds of a variant as one vmapped program "
+                        "(`seed_batch`; no checkpoints: a batch finishes within the call)")
     u = sub.choices["unpack"]
     u.add_argument("--from", dest="src", required=True, help="the files a device call returned")
     u.add_argument("--carry", default=str(REPO / "studies" / "handoff"),
@@ -129,12 +134,19 @@ def main(argv: list[str] | None = None) -> int:
                                     None if cache == "none" else Path(cache)):
             print(line, flush=True)
     try:
-        outcomes = run_study(spec, results, budget_s=a.budget_s, reserve_s=a.reserve_s,
-                             only=_only(a), command=command, progress=a.progress,
-                             t_begin=t_begin)
-        done = sum(o.finished for o in outcomes)
-        print(f"[{spec.name}] this call: {done} units finished, "
-              f"{len(outcomes) - done} cut off; {time.perf_counter() - t_begin:.0f}s", flush=True)
+        if a.seed_batch:
+            batched = run_seed_batches(spec, results, size=a.seed_batch,
+                                       budget_s=a.budget_s - a.reserve_s, only=_only(a),
+                                       command=command, progress=a.progress, t_begin=t_begin)
+            print(f"[{spec.name}] this call: {len(batched)} units finished in seed batches; "
+                  f"{time.perf_counter() - t_begin:.0f}s", flush=True)
+        else:
+            outcomes = run_study(spec, results, budget_s=a.budget_s, reserve_s=a.reserve_s,
+                                 only=_only(a), command=command, progress=a.progress,
+                                 t_begin=t_begin)
+            done = sum(o.finished for o in outcomes)
+            print(f"[{spec.name}] this call: {done} units finished, {len(outcomes) - done} "
+                  f"cut off; {time.perf_counter() - t_begin:.0f}s", flush=True)
     finally:
         if a.handoff:
             for line in pack_handoff(spec, results, Path(a.handoff),

@@ -311,3 +311,49 @@ def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     assert row == (f"| paper (n=3) | {mid.mean * 100:+.2f}% ± {mid.sd * 100:.2f} | "
                    f"{end.mean * 100:+.2f}% ± {end.sd * 100:.2f} | {need} |")
     assert study_report.gap_along_training({"bf16": variants["bf16"]}) == ""
+
+
+def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
+    """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
+    has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
+    order) final loss; the JSON records the batch; the report reads it; a finished unit
+    is not batched again."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1))
+    units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
+    corpus = _corpus()
+    batched = seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
+    for unit, r in zip(units, batched, strict=True):
+        single = unit_runs.run_unit(spec, unit, tmp_path / "s", corpus).result
+        assert r["seed_batch"]["seeds"] == [0, 1] and r["seed"] == unit.seed
+        assert [p[0] for p in r["val_curve"]] == [p[0] for p in single["val_curve"]] == [4, 8]
+        assert [p[0] for p in r["train_curve"]] == [p[0] for p in single["train_curve"]]
+        assert r["quantized_layers"] == single["quantized_layers"] == 1
+        assert math.isclose(r["final_val_bpb"], single["final_val_bpb"], rel_tol=1e-4), (
+            r["final_val_bpb"], single["final_val_bpb"])
+        written = unit_runs.result_path(tmp_path / "b", unit).read_text()
+        assert json.loads(written) == json.loads(json.dumps(r))
+    assert batched[0]["final_val_bpb"] != batched[1]["final_val_bpb"]  # two runs, not one
+    assert seed_batch.batch_plan(spec, tmp_path / "b", 2, {"variant": {"down_only"}}) == []
+    with pytest.raises(ValueError, match="already finished"):
+        seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
+    with pytest.raises(ValueError, match="differ only in their seed"):
+        seed_batch.run_seed_batch(spec, [units[0], study_specs.Unit("python", 0.003, "bf16", 1)],
+                                  tmp_path / "c", corpus)
+
+
+def test_batch_plan_groups_a_variants_unfinished_seeds():
+    """Seeds of one (length, variant, corpus) in batches of the given size; a lone
+    leftover is not batched; sizes below two are refused."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4))
+    plan = seed_batch.batch_plan(spec, "/nonexistent", 2)
+    assert [[u.name for u in b] for b in plan] == [
+        [f"python-tpp0.003-{v}-s{a}", f"python-tpp0.003-{v}-s{a + 1}"]
+        for v in ("bf16", "down_only") for a in (0, 2)]
+    only = seed_batch.batch_plan(spec, "/nonexistent", 3, {"variant": {"bf16"}})
+    assert [[u.seed for u in b] for b in only] == [[0, 1, 2], [3, 4]]
+    with pytest.raises(ValueError, match="two or more"):
+        seed_batch.batch_plan(spec, "/nonexistent", 1)

@@ -1,0 +1,300 @@
+"""Several seeds of one study variant trained as one program (issue 12's seed counts).
+
+At its run lengths the validation study needs tens of seeds per variant for a ±0.3 pp
+interval (docs/STUDY.md: "seeds for ±0.3 pp"), and its small models, trained one seed at
+a time, leave most of an H200 idle. `run_seed_batch` trains units that differ only in
+their seed as one vmapped program (`fp4jax.train.TrainStep.vmapped`): the seeds' states
+stacked, each with its own initialization, run key (so its own SR bits) and data order;
+one stacked batch per step; every seed's validation in one vmapped pass. Each finished
+unit writes the result JSON that `unit_runs.run_unit` writes (the report reads both),
+with ``seed_batch`` naming the batch. The batched GEMMs may sum in another order than a
+single run's, so a unit is not bitwise the unbatched run of its seed: the same recipe,
+a statistically equivalent run.
+
+A batch has no checkpoints (it runs to its end within one call) and records no
+per-layer diagnostics (the unbatched units carry those).
+
+Example:
+  >>> import numpy as np
+  >>> stack([{"w": np.zeros(2)}, {"w": np.ones(2)}])["w"].tolist()
+  [[0.0, 0.0], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from study_specs import CORPORA, StudySpec, Unit  # first: it puts examples/ on sys.path
+
+# isort: split
+import data as data_lib
+import jax
+import jax.numpy as jnp
+import numpy as np
+import train_llama as tl
+from unit_records import environment
+from unit_runs import TooLong, build_result, result_path, write_json
+
+STEPS_AHEAD = 2
+"""Steps dispatched before waiting for the oldest (as `train_llama.train`)."""
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """The trees' leaves stacked along a new leading axis (one entry per tree)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def stacked_batches(batch_fns: Sequence[Callable[[int], tuple]]) -> Callable[[int], tuple]:
+    """Batch ``i`` of every seed's data, stacked on the host: ``(K, batch, seq)`` arrays."""
+    def batch(i: int) -> tuple:
+        return tuple(np.stack(parts) for parts in zip(*(fn(i) for fn in batch_fns)))
+    return batch
+
+
+class SeedBatch:
+    """The trainers of one variant's seeds and their vmapped steps and evaluation.
+
+    Args:
+      trainer: the first seed's `train_llama.Trainer`; the others are its `for_run`
+        copies (the same compiled model, another seed's initialization).
+      seeds: the seeds, in the order of the stacked axis.
+    """
+
+    def __init__(self, trainer: tl.Trainer, seeds: Sequence[int]):
+        if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+            raise ValueError(f"a seed batch needs two or more distinct seeds, got {seeds}")
+        if trainer.mesh_rules is not None:
+            raise ValueError("a seed batch runs on one device: the run config has a mesh")
+        self.seeds = tuple(seeds)
+        self.trainers = [trainer if s == trainer.cfg.seed else trainer.for_run(
+            dataclasses.replace(trainer.cfg, seed=s)) for s in self.seeds]
+        self.trainer = self.trainers[0]
+        self._evals: dict[str, Callable] = {}
+
+    def init(self, total_steps: int) -> Any:
+        """The seeds' fresh states, stacked."""
+        return stack([t.init(total_steps) for t in self.trainers])
+
+    def evaluate(self, params: Any, val: list, mode: str) -> np.ndarray:
+        """Each seed's mean validation loss in bits per byte (waits for the device)."""
+        if mode not in self._evals:
+            eval_step = self.trainer.eval_step
+            self._evals[mode] = jax.jit(jax.vmap(
+                lambda p, b: eval_step(p, b, mode=mode)["loss"], in_axes=(0, None)))
+        losses = [self._evals[mode](params, b) for b in val]
+        return np.mean(np.stack(jax.device_get(losses)), axis=0) / math.log(2.0)
+
+
+def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
+                steps: int, progress: bool = False) -> dict[str, Any]:
+    """Trains the batch's seeds for ``steps`` steps.
+
+    Returns:
+      ``final_state`` (stacked), per seed (lists in seed order) ``final_val_bpb`` and
+      ``records`` (`train_llama.train`'s ``metrics.jsonl`` records: training metrics
+      every ``log_every`` steps, validation every ``eval_every``), and the shared
+      ``step_time_s`` (after the first step), ``first_step_s``, ``paused_s``,
+      ``train_wall_s`` and ``final_mode``.
+    """
+    trainer, cfg = batch.trainer, batch.trainer.cfg
+    for t in batch.trainers:
+        t.set_total_steps(steps)
+    step_fn = trainer.step.vmapped()
+    state = batch.init(steps)
+    val = jax.device_put(val)
+    k = len(batch.seeds)
+    records: list[list[dict]] = [[] for _ in range(k)]
+    pending: list[tuple[int, dict]] = []
+    in_flight: collections.deque = collections.deque()
+    paused, t_warm = 0.0, None
+
+    def flush() -> None:
+        for done, metrics in jax.device_get(pending):
+            for s in range(k):
+                records[s].append({"step": done, **{n: float(v[s]) if np.ndim(v) else v
+                                                    for n, v in metrics.items()}})
+        pending.clear()
+
+    t_start = time.perf_counter()
+    feed = data_lib.DevicePrefetcher(stacked_batches(data), 0, steps, depth=tl.PREFETCH)
+    try:
+        for i, stacked in feed:
+            mode = trainer.step.mode(i)
+            state, metrics = step_fn(state, stacked, mode=mode)
+            done = i + 1
+            if i == 0:
+                jax.block_until_ready(state.params)
+                t_warm = time.perf_counter()
+            in_flight.append(metrics["loss"])
+            if len(in_flight) > STEPS_AHEAD:
+                jax.block_until_ready(in_flight.popleft())
+            if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
+                pending.append((done, {**metrics, "mode": mode,
+                                       "tokens": done * cfg.batch * cfg.seq}))
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < steps:
+                flush()
+                jax.block_until_ready(state.params)
+                t_pause = time.perf_counter()
+                for s, v in enumerate(batch.evaluate(state.params, val, mode)):
+                    records[s].append({"step": done, "val_bits_per_byte": float(v)})
+                paused += time.perf_counter() - t_pause
+                if progress:
+                    vals = " ".join(f"{r[-1]['val_bits_per_byte']:.4f}" for r in records)
+                    print(f"  step {done}/{steps}: val bpb {vals}", flush=True)
+    finally:
+        feed.close()
+    jax.block_until_ready(state.params)
+    t_end = time.perf_counter()
+    flush()
+    final_mode = trainer.step.mode(steps - 1)
+    final = batch.evaluate(state.params, val, final_mode)
+    for s, v in enumerate(final):
+        records[s].append({"step": steps, "val_bits_per_byte": float(v)})
+    return {
+        "final_state": state, "final_val_bpb": [float(v) for v in final], "records": records,
+        "final_mode": final_mode, "paused_s": paused, "train_wall_s": t_end - t_start,
+        "first_step_s": t_warm - t_start if t_warm else None,
+        "step_time_s": (t_end - t_warm - paused) / (steps - 1) if t_warm and steps > 1
+        else None,
+    }
+
+
+def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
+                   corpus: data_lib.Corpus, *, command: str = "", progress: bool = False
+                   ) -> list[dict[str, Any]]:
+    """Trains ``units`` (one variant, corpus and length; distinct seeds; none finished)
+    as one seed batch and writes each one's result JSON; returns the results.
+
+    Raises:
+      ValueError: if the units differ in more than their seed, or one has a result.
+      TooLong: if the units would read ``spec.max_epochs`` or more of their corpus.
+    """
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    first = units[0]
+    if any((u.corpus, u.tokens_per_param, u.variant) != (first.corpus, first.tokens_per_param,
+                                                         first.variant) for u in units):
+        raise ValueError(f"a seed batch's units differ only in their seed, got "
+                         f"{[u.name for u in units]}")
+    done = [u.name for u in units if result_path(results, u).exists()]
+    if done:
+        raise ValueError(f"already finished: {done}")
+    steps = spec.steps(first.tokens_per_param)
+    cfgs = [spec.run_config(u) for u in units]
+    data = [data_lib.Batches(corpus.train, batch=c.batch, seq=c.seq, seed=u.seed)
+            for c, u in zip(cfgs, units)]
+    epochs = data[0].epochs(steps)
+    if epochs >= spec.max_epochs:
+        raise TooLong(f"{spec.name}/{first.name}: {epochs:.2f} epochs of the {first.corpus} "
+                      f"corpus, not under max_epochs={spec.max_epochs}")
+    val = data_lib.validation_batches(corpus.val, batch=cfgs[0].batch, seq=cfgs[0].seq,
+                                      max_batches=cfgs[0].eval_batches)
+    batch = SeedBatch(tl.Trainer(spec.model_config(), cfgs[0], steps), [u.seed for u in units])
+    out = train_seeds(batch, data, val, steps=steps, progress=progress)
+    extra_bf16 = None
+    trainer = batch.trainer
+    if spec.eval_bf16_forward and trainer.report is not None and out["final_mode"] != "bf16":
+        extra_bf16 = batch.evaluate(out["final_state"].params, jax.device_put(val), "bf16")
+    env = environment(command)
+    written = []
+    for s, unit in enumerate(units):
+        summary = {
+            "steps": steps, "epochs": epochs, "final_val_bpb": out["final_val_bpb"][s],
+            "final_mode": out["final_mode"], "params": spec.model_config().param_counts(),
+            "quantized_layers": len(trainer.report.quantized) if trainer.report else 0,
+            "matmul_layers": len(trainer.report.decisions) if trainer.report else None,
+        }
+        # Times per unit: the batch's divided by its seeds (its first step, which
+        # compiles, as it is); the batch's own are under "seed_batch".
+        share = 1.0 / len(units)
+        segment = {"from": 0, "to": steps,
+                   "step_time_s": out["step_time_s"] and out["step_time_s"] * share,
+                   "first_step_s": out["first_step_s"],
+                   "train_wall_s": out["train_wall_s"] * share,
+                   "paused_s": out["paused_s"] * share, "environment": env}
+        extra: dict[str, Any] = {"seed_batch": {
+            "seeds": list(batch.seeds), "index": s, "step_time_s": out["step_time_s"],
+            "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"]}}
+        if extra_bf16 is not None:
+            extra["final_val_bpb_bf16_forward"] = float(extra_bf16[s])
+        result = build_result(spec, unit, summary, out["records"][s], [segment], corpus, extra)
+        write_json(result_path(results, unit), result)
+        written.append(result)
+    return written
+
+
+def batch_plan(spec: StudySpec, results: Path, size: int, only: dict[str, set] | None = None
+               ) -> list[list[Unit]]:
+    """The unfinished units (those in ``only``) in seed batches of up to ``size``: units of
+    one length, variant and corpus, in the study's order; a lone unit left over is not
+    batched (`unit_runs.run_study` trains it)."""
+    if size < 2:
+        raise ValueError(f"a seed batch has two or more seeds, got size {size}")
+    groups: dict[tuple, list[Unit]] = {}
+    for u in spec.units():
+        if result_path(results, u).exists() or not all(
+                getattr(u, k) in v for k, v in (only or {}).items()):
+            continue
+        groups.setdefault((u.tokens_per_param, u.variant, u.corpus), []).append(u)
+    return [chunk for units in groups.values()
+            for chunk in (units[i:i + size] for i in range(0, len(units), size))
+            if len(chunk) >= 2]
+
+
+def _batch_wall_s(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
+    """The wall time of the last finished seed batch of the same variant and length."""
+    walls = [r["seed_batch"]["train_wall_s"] for u in spec.units()
+             if (u.variant, u.tokens_per_param) == (units[0].variant, units[0].tokens_per_param)
+             for r in [_result(results, u)] if r and r.get("seed_batch")
+             and len(r["seed_batch"]["seeds"]) >= len(units)]
+    return walls[-1] if walls else None
+
+
+def _result(results: Path, unit: Unit) -> dict[str, Any] | None:
+    p = result_path(results, unit)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
+                     only: dict[str, set] | None = None, command: str = "",
+                     progress: bool = False, t_begin: float | None = None) -> list[dict]:
+    """Runs `batch_plan`'s batches in order while the time left (of ``budget_s`` from
+    ``t_begin``) fits the last comparable batch's wall time; a batch with nothing
+    comparable yet runs. Returns the finished units' results."""
+    t_begin = time.perf_counter() if t_begin is None else t_begin
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    corpora: dict[str, data_lib.Corpus] = {}
+    done: list[dict] = []
+    for units in batch_plan(spec, results, size, only):
+        left = budget_s - (time.perf_counter() - t_begin)
+        need = _batch_wall_s(spec, results, units)
+        names = ", ".join(u.name for u in units)
+        if need is not None and left < need:
+            print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "
+                  "stopping here", flush=True)
+            break
+        corpus = units[0].corpus
+        if corpus not in corpora:
+            corpora[corpus] = data_lib.load_corpus(**CORPORA[corpus])
+        print(f"[{spec.name}] seed batch {names}", flush=True)
+        try:
+            out = run_seed_batch(spec, units, results, corpora[corpus], command=command,
+                                 progress=progress)
+        except TooLong as e:
+            print(f"SKIPPED {names}: {e}", flush=True)
+            continue
+        sb = out[0]["seed_batch"]
+        print(f"[{spec.name}] finished: val bpb "
+              + " ".join(f"{r['final_val_bpb']:.4f}" for r in out)
+              + f"; {sb['step_time_s'] * 1e3:.1f} ms per batched step, "
+              f"{sb['train_wall_s']:.0f}s", flush=True)
+        done += out
+    return done
