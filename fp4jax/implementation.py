@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from fp4jax import gemm_table, native_gemm
 from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
-from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
 from fp4jax.numerics.rounding import Rounding
 from fp4jax.numerics.scales import ScaleRule
 from fp4jax.reference import gemm as reference_gemm
@@ -159,6 +159,19 @@ def auto_prefers_gemm_kernel(m: int, n: int, k: int, layout: GemmLayout = "fprop
     if (m, n, k) == (mm, nn, kk):
         return True
     return gemm_kernel_ctas(m, n, k) >= min(gemm_kernel_ctas(mm, nn, kk), TABLE_SMS)
+
+
+def auto_gemm_runs_xla(m: int, n: int, k: int, layout: GemmLayout = "fprop") -> bool:
+    """Whether ``impl="auto"`` surely multiplies this GEMM with XLA's dot here, on Hopper
+    (sm_9x), where its operands come from the quantize kernels: they may then come
+    decoded (`quantize_rowwise_columnwise`'s ``decoded``), skipping the GEMM's decode pass.
+
+    False off Hopper (no quantize kernels; Blackwell multiplies codes natively) and where
+    the measured table prefers the GEMM kernel (it multiplies codes).
+    """
+    cc = gpu_capability()
+    return cc is not None and (9, 0) <= cc < (10, 0) and not auto_prefers_gemm_kernel(
+        m, n, k, layout)
 
 
 def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
@@ -354,8 +367,13 @@ def quantize_rowwise_columnwise(
     col_key: jax.Array | None = None,
     hadamard_signs: Sequence[int] | None = None,
     impl: Impl = "xla",
-) -> tuple[NVFP4Array, NVFP4Array]:
+    decoded: tuple[bool, bool] = (False, False),
+) -> tuple[NVFP4Array | DecodedNVFP4, NVFP4Array | DecodedNVFP4]:
     """The two copies of an ``(M, K)`` tensor that a linear layer keeps for its GEMMs.
+
+    ``decoded`` (rowwise, columnwise): where the kernel runs, return that copy as a
+    `DecodedNVFP4` (``code · s`` in BF16) for an XLA GEMM to multiply right away; the
+    XLA path returns NVFP4Arrays (`matmul` takes either, with the same results).
 
     The rowwise copy has 1D blocks along K (fprop's X, dgrad's dY); the columnwise copy
     is Hadamard-rotated with blocks along M (wgrad's Xᵀ, dYᵀ), with M zero-padded to a
@@ -396,7 +414,7 @@ def quantize_rowwise_columnwise(
 
         row, col = quantize_two_output.quantize_rowwise_columnwise(
             padded, rounding=rounding, row_key=row_key, col_key=col_key,
-            hadamard_signs=hadamard_signs)
+            hadamard_signs=hadamard_signs, decoded=decoded)
         # Zero rows change neither the amax nor any other row's codes, scales or SR bits
         # (the counter is the index within the padded row), so the rowwise copy of the
         # unpadded tensor is the first m rows.
@@ -457,6 +475,15 @@ def matmul(
     checks.check_gemm_operands(lhs, rhs)
     out_dtype = jnp.dtype(preferred_element_type)
     m, k, n = lhs.shape[-2], lhs.shape[-1], rhs.shape[-1]
+    if isinstance(lhs, DecodedNVFP4) or isinstance(rhs, DecodedNVFP4):
+        # Decoded by the quantize kernel for exactly this: XLA's dot, no decode pass.
+        if check_impl(impl) in ("pallas", "native"):
+            raise ValueError(
+                f"impl={impl!r} multiplies E2M1 codes; a DecodedNVFP4 operand (decoded "
+                "values) is multiplied by XLA's dot: use impl='auto' or 'xla'")
+        return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
+                                     out_sharding=out_sharding, lhs_from_mT=lhs_from_mT,
+                                     output_scale=output_scale)
 
     def kernel_reason() -> str | None:
         from pallas_kernels import gemm

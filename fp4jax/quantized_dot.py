@@ -31,7 +31,7 @@ from jax import lax
 from fp4jax import implementation, weight_gather
 from fp4jax.implementation import Impl
 from fp4jax.numerics import checks, layout, random_bits
-from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
 from fp4jax.recipe import Operand, Recipe
 from fp4jax.weight_gather import FP4Gather
 
@@ -340,17 +340,20 @@ def quantize_operand(x: jax.Array, axis: int, op: Operand, key: jax.Array | None
 
 
 def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: str,
-                            col_role: str, recipe: Recipe, impl: Impl):
+                            col_role: str, recipe: Recipe, impl: Impl,
+                            decoded: tuple[bool, bool] = (False, False)):
     """The rowwise (along the last axis) and columnwise (along tokens) copies of a
     canonical (B, M, X) tensor; one call of `implementation.quantize_rowwise_columnwise`
     (one read with the kernel) when the recipe asks for a 1D rowwise and a Hadamard
-    columnwise copy with the same rounding."""
+    columnwise copy with the same rounding. ``decoded``: the copies that one XLA GEMM
+    multiplies right away, which the kernel may then return decoded."""
     row_key, col_key = role_keys(key, (row_op, row_role), (col_op, col_role))
     if (x.shape[0] == 1 and not row_op.block_2d and not row_op.hadamard and col_op.hadamard
             and row_op.rounding == col_op.rounding and row_op.scale_rule == "six"):
         row, col = implementation.quantize_rowwise_columnwise(
             x[0], rounding=row_op.rounding, row_key=row_key, col_key=col_key,
-            hadamard_signs=recipe.hadamard_signs, impl=impl)
+            hadamard_signs=recipe.hadamard_signs, impl=impl,
+            decoded=decoded if impl == "auto" else (False, False))
         return row.expand_leading(), col.expand_leading()
     return (quantize_operand(x, 2, row_op, key, row_role, recipe, impl, derived_key=row_key),
             quantize_operand(x, 1, col_op, key, col_role, recipe, impl, derived_key=col_key))
@@ -359,7 +362,7 @@ def _rowwise_and_columnwise(x, row_op: Operand, col_op: Operand, key, row_role: 
 def _bmm(a, b, precision, impl: Impl, out_sharding, *, lhs_from_mT: bool = False,  # noqa: N803
          output_scale=None) -> jax.Array:
     """(B, M, K) x (B, K, N) -> float32 (B, M, N), NVFP4 or high precision."""
-    if isinstance(a, NVFP4Array):
+    if isinstance(a, (NVFP4Array, DecodedNVFP4)):
         return implementation.matmul(a, b, preferred_element_type=jnp.float32, impl=impl,
                                      lhs_from_mT=lhs_from_mT, out_sharding=out_sharding,
                                      output_scale=output_scale)
@@ -404,8 +407,10 @@ def _fwd(lhs, rhs, key, dn, precision, out_dtype, recipe: Recipe, impl: Impl,
     x_col = None
     if r.fprop_lhs.quantized and r.wgrad_lhs.quantized:
         # X rowwise (fprop) and X columnwise (wgrad), from one read where a kernel can.
+        # X rowwise feeds only fprop: decoded by the kernel where XLA multiplies it.
+        fprop_xla = implementation.auto_gemm_runs_xla(a.shape[1], b.shape[2], a.shape[2])
         qa, x_col = _rowwise_and_columnwise(a, r.fprop_lhs, r.wgrad_lhs, key, "fprop_lhs",
-                                            "wgrad_lhs", r, impl)
+                                            "wgrad_lhs", r, impl, decoded=(fprop_xla, False))
     elif r.fprop_lhs.quantized:
         qa = quantize_operand(a, 2, r.fprop_lhs, key, "fprop_lhs", r, impl)
     else:
@@ -451,8 +456,13 @@ def _bwd(dn, precision, out_dtype, recipe: Recipe, impl: Impl, rhs_gather, res, 
     gc = c.grad(g) if gather is None else gather.last_dim_as(c.grad(g), 2)
     if r.dgrad_grad.quantized and r.wgrad_grad.quantized:
         # dY rowwise (dgrad) and dY columnwise (wgrad), from one read where a kernel can.
+        # Each copy of dY feeds one GEMM: decoded by the kernel where XLA multiplies it.
+        m, n = gc.shape[1], gc.shape[2]
+        decoded = (implementation.auto_gemm_runs_xla(m, w_res.shape[1], n, "dgrad"),
+                   implementation.auto_gemm_runs_xla(x_res.shape[2], n, m, "wgrad"))
         qg_row, qg_col = _rowwise_and_columnwise(gc, r.dgrad_grad, r.wgrad_grad, key,
-                                                 "dgrad_grad", "wgrad_grad", r, impl)
+                                                 "dgrad_grad", "wgrad_grad", r, impl,
+                                                 decoded=decoded)
     else:
         qg_row = quantize_operand(gc, 2, r.dgrad_grad, key, "dgrad_grad", r, impl) \
             if r.dgrad_grad.quantized else None

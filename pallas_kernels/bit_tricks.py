@@ -154,8 +154,9 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
       recips: `mantissa_recips(gds)`, for `encode_scale`.
 
     Returns:
-      (enc, code, ok): float32 per-block encode scale, uint32 E4M3 bit pattern of the
-      decode scale, and a bool that is False for NaN blocks (whose codes must be 0).
+      (enc, code, dec): float32 per-block encode scale, uint32 E4M3 bit pattern of the
+      decode scale, and that decode scale as float32 (NaN for NaN blocks, whose codes
+      are 0: what `decoded_pair` multiplies).
     """
     d = jnp.minimum(bamax * mult, E4M3_MAX)
     dbits = _u32(d)
@@ -168,7 +169,28 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
     code_norm = (((s_norm >> 23) - _U32(120)) << 3) | ((s_norm >> 20) & _U32(7))
     ok = d == d  # noqa: PLR0124 - False for NaN
     code = jnp.where(ok, jnp.where(small, code_sub, code_norm), _U32(0x7F))
-    return encode_scale(s, gds, recips), code, ok
+    return encode_scale(s, gds, recips), code, jnp.where(ok, s, np.float32(np.nan))
+
+
+def decoded_pair(even: jax.Array, odd: jax.Array, dec: jax.Array,
+                 dec_odd: jax.Array | None = None) -> jax.Array:
+    """Two E2M1 codes (uint32, 0..15) times their blocks' decode scales (``dec``, and
+    ``dec_odd`` for the odd element when its block differs), as the uint32 word
+    of two bfloat16 values (the even element in the low half): the dequantized operand
+    an emulated GEMM multiplies, bit for bit
+    `fp4jax.reference.quantization.scaled_codes_bf16` (docs/RECIPE.md §9).
+
+    The magnitude's float32 bits are ``(m + 252) << 22`` for ``m >= 2`` (1, 1.5, ..., 6)
+    and ``m * 0x3F000000`` for 0 and 0.5; times the E4M3 scale the product has at most 6
+    significant bits, so its top 16 bits are the exact bfloat16; the code's sign bit
+    becomes bit 15 (a negative zero for code 8, as the reference decodes it).
+    """
+    def half(n, d):
+        m = n & _U32(7)
+        mag = jnp.where(m >= _U32(2), (m + _U32(252)) << 22, m * _U32(0x3F000000))
+        return (_u32(_f32(mag) * d) >> 16) | ((n & _U32(8)) << 12)
+
+    return half(even, dec) | (half(odd, dec if dec_odd is None else dec_odd) << 16)
 
 
 def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:

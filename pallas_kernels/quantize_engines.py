@@ -114,8 +114,11 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape[:3], (0, 2)), red)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc, code, _ = bits.e4m3_block_scale(bamax, *sp)
-        scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
+        enc, code, dec = bits.e4m3_block_scale(bamax, *sp)
+        if out.values:
+            dec = plgpu.layout_cast(lax.broadcast_in_dim(dec, shape, (0, 1, 2)), layout)
+        else:
+            scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), layout)
     if out.stochastic:
         ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape, layout)
@@ -124,6 +127,9 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     else:
         ne = bits.nibble_nearest(xe, enc)
         no = bits.nibble_nearest(xo, enc)
+    if out.values:  # the input's word layout: (groups, rows, blocks, 8) uint32 pairs
+        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = bits.decoded_pair(ne, no, dec)
+        return acc
     byte = ne | (no << 4)
     codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = byte.astype(jnp.uint8)
     return acc
@@ -156,11 +162,12 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         encs = (enc, enc)
         scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     else:
-        enc_e, code_e, _ = bits.e4m3_block_scale(bamax[0], *sp)
-        enc_o, code_o, _ = bits.e4m3_block_scale(bamax[1], *sp)
+        enc_e, code_e, dec_e = bits.e4m3_block_scale(bamax[0], *sp)
+        enc_o, code_o, dec_o = bits.e4m3_block_scale(bamax[1], *sp)
         encs = (enc_e, enc_o)
-        pair = (code_e | (code_o << 8)).astype(jnp.uint16)
-        scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = pair
+        if not out.values:
+            pair = (code_e | (code_o << 8)).astype(jnp.uint16)
+            scales_ref.at[pl.ds(g0, bg), pl.ds(b0, bnb)][...] = pair
     if out.stochastic:
         # 4·b of the even and the odd column's block of each word; a block's 16 rows are
         # 16 arrays, so each hash below (word j of a block) feeds the 4 rows 4j..4j+3.
@@ -170,18 +177,25 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         if out.stochastic and p % 2 == 0:  # rows 2p .. 2p + 3 share hash word p // 2
             hashes = [bits.hash32(*keys, counter[c] | _U32(p // 2) if p else counter[c])
                       for c in range(2)]
-        word = None
+        nibs = {}
         for c in range(2):
             for half in range(2):
                 r = 2 * p + half  # the row in the 16-row group: byte r % 4 of word r // 4
                 if out.stochastic:
                     u8 = bits.sr_byte(hashes[c], r % 4)
-                    nib = bits.nibble_stochastic(cols[c][r], encs[c], u8)
+                    nibs[c, half] = bits.nibble_stochastic(cols[c][r], encs[c], u8)
                 else:
-                    nib = bits.nibble_nearest(cols[c][r], encs[c])
-                shift = 8 * c + 4 * half
-                nib = nib << shift if shift else nib
-                word = nib if word is None else word | nib
+                    nibs[c, half] = bits.nibble_nearest(cols[c][r], encs[c])
+        if out.values:  # row r's even and odd column, in the input's word layout
+            for half in range(2):
+                codes_ref.at[pl.ds(g0, bg), 2 * p + half, pl.ds(b0, bnb)][...] = (
+                    bits.decoded_pair(nibs[0, half], nibs[1, half], dec_e, dec_o))
+            continue
+        word = None
+        for (c, half), nib in nibs.items():
+            shift = 8 * c + 4 * half
+            nib = nib << shift if shift else nib
+            word = nib if word is None else word | nib
         codes_ref.at[pl.ds(g0, bg), p, pl.ds(b0, bnb)][...] = word.astype(jnp.uint16)
     return acc
 
@@ -294,14 +308,16 @@ def _quantize_kernel(x_gmem, fparams, uparams, *refs, spec: tp.KernelSpec):
     bg, bnb = spec.bm // 16, spec.bk // 16
     engines = []
     if spec.row is not None:
-        codes, scales = outs.pop(0), outs.pop(0)
+        codes = outs.pop(0)  # the values instead of codes and scales with ``values``
+        scales = None if spec.row.values else outs.pop(0)
         sr = _row_sr_state(spec, spec.row) if spec.row.stochastic else None
         keys = tuple(uparams[i] for i in range(3))
         acc = plgpu.layout_cast(jnp.zeros((bg, 16, bnb, 8), _F32), tp.engine_layouts(spec)[0])
         engines.append((_row_engine, codes, scales, _read_scale_params(fparams, 0), keys,
                         spec.row, sr, acc))
     if spec.col is not None:
-        codes, scales = outs.pop(0), outs.pop(0)
+        codes = outs.pop(0)
+        scales = None if spec.col.values else outs.pop(0)
         sr = _col_sr_state(spec, spec.col) if spec.col.stochastic else None
         keys = tuple(uparams[i] for i in range(3, 6))
         acc = plgpu.layout_cast(jnp.zeros((bg, bnb, 8), _F32), tp.engine_layouts(spec)[1])
@@ -344,7 +360,9 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
 
     Returns:
       ``(outputs, flags)``: for each present output its codes and scales in the kernel's
-      layout, then for each of ``(row, col)`` its poison flag (None unless ``poison``).
+      layout (with ``values``: its dequantized values as uint32 pairs of 16-bit words in
+      the input's word layout, `tma_pipeline.as_words`), then for each of ``(row, col)``
+      its poison flag (None unless ``poison``).
     """
     m, k = x2.shape
     narrow = config.block_cols == tp.NARROW_COLS and m % 64 == 0
@@ -356,13 +374,21 @@ def run_quantize(x2: jax.Array, row: tp.OutputSpec | None, col: tp.OutputSpec | 
         num_ctas=config.num_ctas, ctas_per_sm=config.ctas_per_sm, interpret=interpret)
     stages = spec.stages
     out_types = []
-    if row is not None:
+    words = jax.ShapeDtypeStruct((m // 16, 16, k // 16, 8), _U32)  # `values` outputs
+    for o in (row, col):
+        if o is not None and o.values and o.block_2d:
+            raise ValueError("the quantize kernel writes dequantized values for 1D blocks only")
+    if row is not None and row.values:
+        out_types.append(words)
+    elif row is not None:
         out_types.append(jax.ShapeDtypeStruct((m // 16, 16, k // 16, 8), jnp.uint8))
         if row.block_2d:
             out_types.append(jax.ShapeDtypeStruct((m // 16, k // 16), jnp.uint8))
         else:
             out_types.append(jax.ShapeDtypeStruct((m // 16, 16, k // 16), jnp.uint8))
-    if col is not None:
+    if col is not None and col.values:
+        out_types.append(words)
+    elif col is not None:
         out_types.append(jax.ShapeDtypeStruct((m // 16, 8, k // 16, 8), jnp.uint16))
         if col.block_2d:
             out_types.append(jax.ShapeDtypeStruct((m // 16, k // 16), jnp.uint8))

@@ -34,7 +34,7 @@ from jax import lax
 
 from fp4jax.numerics import checks, random_bits
 from fp4jax.numerics import hadamard as hadamard_lib
-from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS, Rounding
 from pallas_kernels import amax as amax_pass
 from pallas_kernels import bit_tricks as bits
@@ -60,9 +60,10 @@ def supports(shape: Sequence[int], dtype: Any) -> str | None:
     return engines.input_reason(shape, dtype, "quantize_rowwise_columnwise", 64)
 
 
-@functools.partial(jax.jit, static_argnames=("rounding", "hadamard_signs", "config", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rounding", "hadamard_signs", "config", "interpret",
+                                             "decoded"))
 def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_signs, config,
-                interpret):
+                interpret, decoded=(False, False)):
     m, k = x.shape
     stochastic = rounding == "stochastic"
     res = []
@@ -79,12 +80,20 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     up = jnp.concatenate([bits.sr_key_words(row_key), bits.sr_key_words(col_key)])
     # SR block numbers as the reference's: rowwise r * K/16 + j, columnwise g * K + c.
     row = tp.OutputSpec(stochastic=stochastic, block_strides=(k // 16, 1),
-                        poison=row_amax is not None)
+                        poison=row_amax is not None, values=decoded[0])
     col = tp.OutputSpec(stochastic=stochastic, hadamard=True, signs=hadamard_signs,
-                        block_strides=(k, 1), poison=col_amax is not None)
-    (rc, rs, cc, cs), flags = engines.run_quantize(x, row, col, fp, up, config, interpret)
-    return (rc.reshape(m, k // 2), rs.reshape(m, k // 16), stored_r(flags[0]),
-            tp.as_bytes(cc, m // 2, k), tp.as_bytes(cs, m // 16, k), stored_c(flags[1]))
+                        block_strides=(k, 1), poison=col_amax is not None, values=decoded[1])
+    outs, flags = engines.run_quantize(x, row, col, fp, up, config, interpret)
+    outs = list(outs)
+    if decoded[0]:
+        r = (tp.from_words(outs.pop(0), m, k, jnp.bfloat16),)
+    else:
+        r = (outs.pop(0).reshape(m, k // 2), outs.pop(0).reshape(m, k // 16))
+    if decoded[1]:
+        c = (tp.from_words(outs.pop(0), m, k, jnp.bfloat16),)
+    else:
+        c = (tp.as_bytes(outs.pop(0), m // 2, k), tp.as_bytes(outs.pop(0), m // 16, k))
+    return r, stored_r(flags[0]), c, stored_c(flags[1])
 
 
 def quantize_rowwise_columnwise(
@@ -98,7 +107,8 @@ def quantize_rowwise_columnwise(
     col_amax: jax.typing.ArrayLike | None = None,
     config: QuantizeConfig | None = None,
     interpret: bool = False,
-) -> tuple[NVFP4Array, NVFP4Array]:
+    decoded: tuple[bool, bool] = (False, False),
+) -> tuple[NVFP4Array | DecodedNVFP4, NVFP4Array | DecodedNVFP4]:
     """Rowwise and columnwise-RHT NVFP4 copies of ``x`` from one read of ``x``.
 
     The amax pass (skipped when both amaxes are given) reads ``x`` once for
@@ -113,9 +123,13 @@ def quantize_rowwise_columnwise(
       row_amax, col_amax: precomputed global amaxes (``col_amax`` after the RHT).
       config: tuning (`QuantizeConfig`); None uses `TWO_OUTPUT_CONFIG`.
       interpret: Mosaic GPU interpret mode (CPU).
+      decoded: for the rowwise and the columnwise copy, whether the kernel writes it
+        dequantized (`DecodedNVFP4`: ``code · s`` in BF16, what an XLA GEMM multiplies)
+        instead of codes and scales; for a copy one GEMM consumes right away.
 
     Returns:
-      ``(rowwise, columnwise)`` NVFP4Arrays, bit-identical to `reference`.
+      ``(rowwise, columnwise)`` NVFP4Arrays (or `DecodedNVFP4` where ``decoded`` asks),
+      bit-identical to `reference` (the decoded ones to its `scaled_codes_bf16`).
 
     Mathematically equivalent to::
 
@@ -139,17 +153,22 @@ def quantize_rowwise_columnwise(
     if reason is not None:
         raise ValueError(reason)
     config = TWO_OUTPUT_CONFIG if config is None else config
-    rc, rs, ra, cc, cs, ca = _rowcol_jit(
+    decoded = (bool(decoded[0]), bool(decoded[1]))
+    r, ra, c, ca = _rowcol_jit(
         x, row_key, col_key, checks.check_amax(row_amax), checks.check_amax(col_amax),
-        rounding=rounding, hadamard_signs=signs, config=config, interpret=bool(interpret))
+        rounding=rounding, hadamard_signs=signs, config=config, interpret=bool(interpret),
+        decoded=decoded)
+
     def e4m3(s):
         return lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
 
-    row = NVFP4Array(data=rc, scales=e4m3(rs), amax=ra, shape=tuple(x.shape), dtype=x.dtype,
-                     axis=1)
-    col = NVFP4Array(data=cc, scales=e4m3(cs), amax=ca, shape=tuple(x.shape), dtype=x.dtype,
-                     axis=0, hadamard=True)
-    return row, col
+    def copy(parts, amax, axis, hadamard, as_values):
+        if as_values:
+            return DecodedNVFP4(values=parts[0], amax=amax, axis=axis, hadamard=hadamard)
+        return NVFP4Array(data=parts[0], scales=e4m3(parts[1]), amax=amax,
+                          shape=tuple(x.shape), dtype=x.dtype, axis=axis, hadamard=hadamard)
+
+    return copy(r, ra, 1, False, decoded[0]), copy(c, ca, 0, True, decoded[1])
 
 
 def reference(x, *, rounding="nearest", row_key=None, col_key=None, hadamard_signs=None,

@@ -102,6 +102,7 @@ class OutputSpec:
     signs: tuple[int, ...] = DEFAULT_SIGNS
     block_strides: tuple[int, int] | None = None  # SR block numbering (per M-unit, per K-unit)
     poison: bool = False  # also report whether a (rotated) value was non-finite
+    values: bool = False  # write the dequantized BF16 values (1D blocks), not codes and scales
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,3 +256,8 @@ def as_bytes(u16: jax.Array, rows: int, cols: int) -> jax.Array:
 def lane_params(**kw) -> plgpu.CompilerParams:
     """Mosaic GPU compiler params with Lane semantics (and any extra ``kw``)."""
     return plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, **kw)
+
+
+def from_words(words: jax.Array, m: int, k: int, dtype) -> jax.Array:
+    """The inverse of `as_words`: (M/16, 16, K/16, 8) uint32 words -> (M, K) ``dtype``."""
+    return lax.bitcast_convert_type(words.reshape(m, k // 2), dtype).reshape(m, k)

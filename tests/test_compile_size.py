@@ -137,3 +137,37 @@ def test_each_mosaic_kernel_of_a_step_is_lowered_once(monkeypatch):
     calls, lowered = mosaic_kernels(text)
     assert calls >= 6, calls  # the quantizations are kernels (11 calls of the 6)
     assert lowered <= 6, lowered
+
+
+def _decoded_kernel_outputs(monkeypatch, prefers_gemm_kernel: bool) -> int:
+    """Mosaic GPU results that are decoded copies (uint32 word pairs of a 1024 × 256
+    activation or gradient) in one linear layer's fwd+bwd as ``impl="auto"`` runs it on an
+    H200, lowered for CUDA on the host."""
+    from fp4jax import implementation
+
+    monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
+    monkeypatch.setattr(implementation, "auto_prefers_gemm_kernel",
+                        lambda *_: prefers_gemm_kernel)
+    jax.clear_caches()  # the layer's traces hold the GEMM choice they were traced with
+
+    def fwd_bwd(x, w, key):
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl="auto"),
+                         x, w)
+        return vjp(jnp.ones_like(y))
+
+    text = jax.jit(fwd_bwd).trace(
+        jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16),
+        jax.ShapeDtypeStruct((256, 256), jnp.bfloat16),
+        jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "mosaic_gpu_v2" in line]
+    return sum(line.count("tensor<64x16x16x8xui32>") for line in calls
+               if "->" in line for line in [line[line.rindex("->"):]])
+
+
+def test_kernel_writes_the_copies_xla_multiplies_decoded(monkeypatch):
+    """Where XLA's dot multiplies a GEMM (the measured choice for the step's shapes), the
+    two-output kernels write the three copies used once right after (X rowwise for fprop,
+    both copies of dY) as BF16 values, so XLA decodes no activation-sized operand but the
+    saved columnwise X; where the GEMM kernel is chosen they stay codes and scales."""
+    assert _decoded_kernel_outputs(monkeypatch, prefers_gemm_kernel=False) == 3
+    assert _decoded_kernel_outputs(monkeypatch, prefers_gemm_kernel=True) == 0

@@ -174,3 +174,42 @@ def test_auto_keeps_the_kernels_off_a_multi_device_mesh(monkeypatch):
             with pytest.raises(ValueError, match="sharded over a 4-device mesh"):
                 jax.eval_shape(call)
                 pytest.fail(what)
+
+
+def test_decoded_operands_multiply_as_their_codes():
+    """A `DecodedNVFP4` operand (the kernel's decoded copy: code · s in BF16) gives the GEMM
+    the same result bit for bit as the NVFP4Array it stands for, as lhs, as rhs or both
+    (fprop with a 2D-tiled weight; wgrad with an `lhs_from_mT` view and Hadamard copies),
+    with ``impl`` "auto" or "xla"; "pallas" (which multiplies codes) refuses it; an operand
+    of another type is a TypeError naming it."""
+    from fp4jax.numerics.nvfp4_array import DecodedNVFP4
+    from fp4jax.reference.quantization import scaled_codes_bf16
+
+    def decoded(q):
+        return DecodedNVFP4(values=scaled_codes_bf16(q), amax=q.amax, axis=q.axis,
+                            hadamard=q.hadamard)
+
+    k = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k[0], (64, 96), jnp.bfloat16)
+    w = jax.random.normal(k[1], (96, 48), jnp.bfloat16)
+    g = jax.random.normal(k[2], (64, 48), jnp.bfloat16)
+    qx, qw = fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True)
+    want = implementation.matmul(qx, qw)
+    for lhs, rhs in ((decoded(qx), qw), (qx, decoded(fp4jax.quantize(w, axis=0))),
+                     (decoded(qx), decoded(fp4jax.quantize(w, axis=0)))):
+        if not isinstance(rhs, DecodedNVFP4):
+            got = implementation.matmul(lhs, rhs, impl="auto")
+            np.testing.assert_array_equal(got, want)
+        ref = implementation.matmul(
+            qx if isinstance(lhs, DecodedNVFP4) else lhs,
+            fp4jax.quantize(w, axis=0) if isinstance(rhs, DecodedNVFP4) else rhs)
+        np.testing.assert_array_equal(implementation.matmul(lhs, rhs, impl="xla"), ref)
+        with pytest.raises(ValueError, match="DecodedNVFP4 operand"):
+            implementation.matmul(lhs, rhs, impl="pallas")
+    xc = fp4jax.quantize(x, axis=0, hadamard=True)
+    gc = fp4jax.quantize(g, axis=0, hadamard=True, rounding="stochastic", key=k[2])
+    want = implementation.matmul(xc.mT, gc, lhs_from_mT=True)
+    np.testing.assert_array_equal(
+        implementation.matmul(xc.mT, decoded(gc), lhs_from_mT=True), want)
+    with pytest.raises(TypeError, match="lhs must be an NVFP4Array, got Array"):
+        implementation.matmul(x, qw)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from fp4jax.numerics import hadamard as hadamard_lib
 from fp4jax.numerics import layout, random_bits
 from fp4jax.numerics.constants import BLOCK, SUPPORTED_INPUT_DTYPES
-from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
 from fp4jax.numerics.rounding import ROUNDINGS
 from fp4jax.numerics.scales import SCALE_RULES
 
@@ -122,7 +122,7 @@ def check_quantize_arguments(
     return QuantizeArguments(x, axis, signs, check_amax(amax))
 
 
-def check_gemm_operands(lhs: NVFP4Array, rhs: NVFP4Array) -> None:
+def check_gemm_operands(lhs: NVFP4Array | DecodedNVFP4, rhs: NVFP4Array | DecodedNVFP4) -> None:
     """Raises `ValueError`/`TypeError` unless ``lhs @ rhs`` is a valid NVFP4 GEMM.
 
     ``lhs`` is logically ``(..., M, K)`` and ``rhs`` ``(..., K, N)`` with equal batch
@@ -130,7 +130,7 @@ def check_gemm_operands(lhs: NVFP4Array, rhs: NVFP4Array) -> None:
     Hadamard transform must be on both or neither.
     """
     for name, q in (("lhs", lhs), ("rhs", rhs)):
-        if not isinstance(q, NVFP4Array):
+        if not isinstance(q, (NVFP4Array, DecodedNVFP4)):
             raise TypeError(f"{name} must be an NVFP4Array, got {type(q).__name__}")
         if q.ndim < 2:
             raise ValueError(f"{name} must have rank >= 2, got shape {q.shape}")

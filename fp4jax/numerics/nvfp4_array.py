@@ -224,3 +224,53 @@ class NVFP4Array:
         perm = list(range(self.ndim))
         perm[-1], perm[-2] = perm[-2], perm[-1]
         return self.transpose(tuple(perm))
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values", "amax"],
+    meta_fields=["axis", "hadamard"],
+)
+@dataclasses.dataclass(frozen=True)
+class DecodedNVFP4:
+    """An NVFP4 tensor held decoded, as the emulated GEMM multiplies it (a JAX pytree).
+
+    ``values`` are ``code · s`` per element in bfloat16 (exact: E2M1 × E4M3), without
+    the global decode scale: bit for bit `fp4jax.reference.quantization.scaled_codes_bf16`
+    of the `NVFP4Array` it stands for. A quantize kernel writes this form instead of codes
+    and scales for an operand that one XLA GEMM consumes right away (docs/RECIPE.md §9):
+    the GEMM then skips its decode pass. 1D blocks only; never saved for the backward
+    pass (4× the bytes of codes and scales).
+
+    Attributes:
+      values: bfloat16, the logical shape.
+      amax: float32 scalar, as `NVFP4Array.amax` (NaN when poisoned: the values are then NaN).
+      axis: the quantized (block) axis, non-negative.
+      hadamard: whether the values are of the Hadamard-rotated tensor.
+    """
+
+    values: jax.Array
+    amax: jax.Array
+    axis: int
+    hadamard: bool = False
+
+    block_2d = False  # 1D blocks only
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def take_leading(self, n: int) -> DecodedNVFP4:
+        """The first ``n`` entries along axis 0 (axis 0 must not be the block axis)."""
+        if not 0 < n <= self.shape[0] or self.axis == 0:
+            raise ValueError(f"cannot take {n} of {self.shape[0]} entries along axis 0 of a "
+                             f"tensor blocked along axis {self.axis}")
+        return dataclasses.replace(self, values=self.values[:n])
+
+    def expand_leading(self) -> DecodedNVFP4:
+        """The array viewed with a new leading axis of length 1."""
+        return dataclasses.replace(self, values=self.values[None], axis=self.axis + 1)

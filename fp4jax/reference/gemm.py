@@ -16,20 +16,22 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax.numerics import checks, scales
-from fp4jax.numerics.nvfp4_array import NVFP4Array
+from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
 from fp4jax.reference.quantization import scaled_codes_bf16
 
 
 def matmul(
-    lhs: NVFP4Array, rhs: NVFP4Array, *, preferred_element_type: Any = jnp.float32,
+    lhs: NVFP4Array | DecodedNVFP4, rhs: NVFP4Array | DecodedNVFP4, *,
+    preferred_element_type: Any = jnp.float32,
     out_sharding: Any = None, lhs_from_mT: bool = False,  # noqa: N803 - mirrors jax.Array.mT
     single_device: bool = False, output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     """``lhs (..., M, K) @ rhs (..., K, N)`` by decoding to BF16 and XLA's dot.
 
     Args:
-      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
-      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled); an `NVFP4Array`, or a
+        `DecodedNVFP4` (taken as it is: no decode pass).
+      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled); likewise.
       preferred_element_type: output dtype.
       out_sharding: output sharding, as in `jax.lax.dot_general`.
       lhs_from_mT: ``lhs`` is the ``.mT`` view of an array blocked along its rows
@@ -63,7 +65,10 @@ def matmul(
                    single_device=bool(single_device), output_scale=output_scale)
 
 
-def _decode_view(q: NVFP4Array, from_mT: bool, pairs: bool) -> jax.Array:  # noqa: N803
+def _decode_view(q: NVFP4Array | DecodedNVFP4, from_mT: bool, pairs: bool  # noqa: N803
+                 ) -> jax.Array:
+    if isinstance(q, DecodedNVFP4):  # already the GEMM's operand, in its logical layout
+        return q.values
     # A .mT view's data is a transpose of the stored codes: decoding the view's .mT
     # cancels it, and the swap of the decoded result becomes the GEMM's operand layout.
     if from_mT:

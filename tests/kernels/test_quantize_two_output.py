@@ -141,3 +141,43 @@ def test_interpret_vmapped_kernel_equals_each_slice():
 def test_gpu_vmapped_kernel_equals_each_slice():
     """As above, compiled: the batched grid's TMA copies of sliced refs."""
     _vmapped_equals_each_slice((1152, 896), interpret=False)
+
+
+def _decoded_copies_match(shape, rounding, decoded, interpret):
+    from fp4jax.numerics.nvfp4_array import DecodedNVFP4
+    from fp4jax.reference.quantization import scaled_codes_bf16
+
+    x = data(shape, seed=7)
+    kw = {"rounding": rounding, "row_key": jax.random.key(5), "col_key": jax.random.key(6)}
+    refs = jax.jit(functools.partial(q2.reference, **kw))(x)
+    got = jax.jit(functools.partial(q2.quantize_rowwise_columnwise, interpret=interpret,
+                                    decoded=decoded, **kw))(x)
+    for g, r, as_values, what in zip(got, refs, decoded, ("rowwise", "columnwise")):
+        if not as_values:
+            assert_same(g, r, what)
+            continue
+        assert isinstance(g, DecodedNVFP4) and g.axis == r.axis and g.hadamard == r.hadamard
+        want = jax.lax.bitcast_convert_type(scaled_codes_bf16(r), jnp.uint16)
+        have = jax.lax.bitcast_convert_type(g.values, jnp.uint16)
+        assert have.shape == want.shape and bool((have == want).all()), (
+            f"{what} {shape} {rounding}: {int((have != want).sum())} values differ")
+        assert jnp.array_equal(g.amax, r.amax)
+
+
+@pytest.mark.parametrize("decoded", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_interpret_decoded_copies_are_the_references_decode(rounding, decoded):
+    """A copy the kernel writes decoded (`DecodedNVFP4`: code · s in BF16, for an XLA GEMM)
+    holds bit for bit the reference's `scaled_codes_bf16` of that copy, with its amax; the
+    other copy stays codes and scales equal to the reference (2 × 10 tiles)."""
+    _decoded_copies_match((128, 640), rounding, decoded, interpret=True)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(384, 640), (1152, 896)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_gpu_decoded_copies_are_the_references_decode(shape, rounding):
+    """As above, compiled on the GPU, both copies decoded."""
+    poison_allocator(16 * shape[0] * shape[1])
+    _decoded_copies_match(shape, rounding, (True, True), interpret=False)
