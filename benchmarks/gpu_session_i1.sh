@@ -1,14 +1,19 @@
-# Next GPU session, call 1 (written 2026-12-01, fifth session; not yet run):
-# 1. the vmapped quantize kernel on the GPU (seed batches run the kernels under vmap:
-#    one more grid axis) and the GPU == CPU suite;
-# 2. seed batches' throughput: three seeds of each of three study variants, each batch one
-#    vmapped program (`studies/validation.py run --seed-batch 3`); compare their ms per
-#    batched step with the unbatched units' ~24 ms (docs/STUDY.md).
+# Next GPU session, call 1 (written 2026-12-01, fifth session; not yet run): verify and time
+# what the fifth session committed untimed.
+# 1. Decoded operands (the two-output kernel writes X rowwise and both copies of dY as BF16
+#    code * scale for XLA's GEMMs): GPU == reference bit for bit, and the vmapped kernel
+#    (seed batches); then the GPU == CPU suite (it runs impl="auto" layers).
+# 2. The step (dim 768 and 2048): before, 35.00 / 119.13 ms (1.47x / 1.23x BF16, call 6 of
+#    the fifth session). If a test fails or the step is slower: revert the decoded path
+#    (quantized_dot asks for it through implementation.auto_gemm_runs_xla).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_quantize_two_output.py -k vmapped \
-  > $OUT/test_vmapped.log 2>&1; echo "vmapped kernel rc=$?"; tail -2 $OUT/test_vmapped.log
-timeout 380 python3 studies/validation.py run pure_llama --budget-s 360 --seed-batch 3 \
-  --variants no_2d,paper_tail,four_over_six --corpora python --handoff /tmp/hand \
-  --compile-cache none --progress > $OUT/study.log 2>&1
-echo "study rc=$?"; grep -E "seed batch|finished|stopping" $OUT/study.log
-cp /tmp/hand/results-* $OUT/ 2>/dev/null; ls $OUT
+timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_quantize_two_output.py \
+  -k "decoded or vmapped" > $OUT/test_decoded.log 2>&1
+echo "decoded/vmapped kernel tests rc=$?"; tail -2 $OUT/test_decoded.log
+timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py -x > $OUT/test_gpu.log 2>&1
+echo "test_gpu rc=$?"; tail -2 $OUT/test_gpu.log
+for dim in 768 2048; do
+  timeout 150 python3 benchmarks/train_step.py --recipes bf16,nvfp4 --impls auto --iters 3 \
+    --dim $dim --out $OUT/step$dim.json 2>$OUT/step${dim}_stderr.log > $OUT/step$dim.log
+  echo "step $dim rc=$?"; grep -A4 "^| recipe" $OUT/step$dim.log
+done
