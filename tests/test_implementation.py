@@ -213,3 +213,45 @@ def test_decoded_operands_multiply_as_their_codes():
         implementation.matmul(xc.mT, decoded(gc), lhs_from_mT=True), want)
     with pytest.raises(TypeError, match="lhs must be an NVFP4Array, got Array"):
         implementation.matmul(x, qw)
+
+
+def test_auto_layer_with_decoded_copies_equals_the_xla_path_bitwise(monkeypatch):
+    """One NVFP4 linear layer, forward and backward, as ``impl="auto"`` runs it on an H200
+    where XLA's dot multiplies every GEMM: the quantize kernels (interpret mode here) hand
+    X rowwise and both copies of dY to the GEMMs decoded, and the output and both
+    gradients equal the XLA path's bit for bit."""
+    import functools
+
+    from fp4jax.numerics.nvfp4_array import DecodedNVFP4
+    from pallas_kernels import quantize_single, quantize_two_output, scale_kernels
+
+    monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))
+    monkeypatch.setattr(implementation, "auto_prefers_gemm_kernel", lambda *_: False)
+    for mod, name in ((quantize_two_output, "quantize_rowwise_columnwise"),
+                      (quantize_single, "quantize"), (scale_kernels, "output_scales")):
+        monkeypatch.setattr(mod, name, functools.partial(getattr(mod, name), interpret=True))
+    seen = []
+    matmul = implementation.matmul
+
+    def recording_matmul(lhs, rhs, **kw):
+        seen.append((type(lhs).__name__, type(rhs).__name__))
+        return matmul(lhs, rhs, **kw)
+
+    monkeypatch.setattr(implementation, "matmul", recording_matmul)
+    jax.clear_caches()
+    k = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k[0], (128, 256), jnp.bfloat16)
+    w = (jax.random.normal(k[1], (256, 128)) / 16).astype(jnp.bfloat16)
+
+    def fwd_bwd(impl):
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(
+            x, w, (((1,), (0,)), ((), ())), key=k[2], impl=impl), x, w)
+        return (y, *vjp(jnp.full_like(y, 0.01)))
+
+    got = fwd_bwd("auto")
+    decoded = DecodedNVFP4.__name__
+    # fprop and dgrad: a decoded lhs (X, dY rowwise); wgrad: a decoded rhs (dY columnwise)
+    # against the saved columnwise X; no GEMM of two coded operands.
+    assert set(seen) == {(decoded, "NVFP4Array"), ("NVFP4Array", decoded)}, seen
+    for name, a, b in zip(("y", "dx", "dw"), got, fwd_bwd("xla")):
+        np.testing.assert_array_equal(a, b, err_msg=name)
