@@ -74,6 +74,7 @@ def mesh_reason(*operands: Any) -> str | None:
                             if kind != jax.sharding.AxisType.Manual)
     for x in operands:
         x = x.data if isinstance(x, NVFP4Array) else x
+        x = x.values if isinstance(x, DecodedNVFP4) else x
         if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             devices = max(devices, len(x.sharding.device_set))
     if devices > 1:
@@ -483,6 +484,7 @@ def matmul(
                 "values) is multiplied by XLA's dot: use impl='auto' or 'xla'")
         return reference_gemm.matmul(lhs, rhs, preferred_element_type=out_dtype,
                                      out_sharding=out_sharding, lhs_from_mT=lhs_from_mT,
+                                     single_device=mesh_reason(lhs, rhs) is None,
                                      output_scale=output_scale)
 
     def kernel_reason() -> str | None:
