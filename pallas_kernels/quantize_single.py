@@ -130,11 +130,12 @@ TWO_OUTPUT_CONFIG = QuantizeConfig(block_rows=64, block_cols=64, stages=2, ctas_
 """Fastest measured for the two-output kernels: narrow 64x64 tiles (32 elements per
 thread), 2 stages, 8 persistent CTAs per SM. On the H200 at 32768 x 2048 / 5504
 (docs/BENCHMARKS.md) the stochastic-rounding launch takes 7% less time than with 64x128
-tiles at 2 CTAs/SM and the round-to-nearest one 12-14% less: the kernels are
-latency-bound, and the narrow tiles' fewer registers per thread (123-206 instead of
-176-255) let more warps run. Of the grids swept (3-8 CTAs per SM, 2-4 stages), 8 CTAs
-with 2 stages was fastest for SR with the amax pass: 3% less time than 4 CTAs with 3 stages at
-K = 2048 and 6% less at K = 5504; round-to-nearest changed by under 3%."""
+tiles at 2 CTAs/SM and the round-to-nearest one 12-14% less: the narrow tiles' fewer
+registers per thread (123-206 instead of 176-255) let more warps run, until the ALU pipe
+saturates (83-85% busy at this grid, Nsight Compute). Of the grids swept (3-8 CTAs per
+SM, 2-4 stages), 8 CTAs with 2 stages was fastest for SR with the amax pass: 3% less time
+than 4 CTAs with 3 stages at K = 2048 and 6% less at K = 5504; round-to-nearest changed
+by under 3%."""
 
 
 def supports(shape: Sequence[int], dtype: Any, *, axis: int, block_2d: bool,
