@@ -428,8 +428,8 @@ def quantize_rowwise_columnwise(
 
 
 def matmul(
-    lhs: NVFP4Array,
-    rhs: NVFP4Array,
+    lhs: NVFP4Array | DecodedNVFP4,
+    rhs: NVFP4Array | DecodedNVFP4,
     *,
     preferred_element_type: Any = jnp.float32,
     impl: Impl = "xla",
@@ -444,8 +444,10 @@ def matmul(
     accumulation, and the accumulator is scaled by ``fl(gds_lhs · gds_rhs)``.
 
     Args:
-      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled).
-      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled).
+      lhs: ``(..., M, K)`` blocked along K (or 2D-tiled); or a `DecodedNVFP4` (a quantize
+        kernel's decoded copy), which XLA's dot multiplies as it is (``impl`` "xla" or
+        "auto"; "pallas" and "native" multiply codes and refuse it).
+      rhs: ``(..., K, N)`` blocked along K (or 2D-tiled); likewise.
       preferred_element_type: output dtype.
       impl: ``"xla"`` (decode to BF16 and XLA's dot), ``"pallas"`` (the Hopper
         kernel, decode in-kernel), ``"native"`` (`jax.nn.scaled_matmul`, Blackwell;
