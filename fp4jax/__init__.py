@@ -26,6 +26,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "dot_general": ("fp4jax.quantized_dot", "dot_general"),
     "FP4Gather": ("fp4jax.weight_gather", "FP4Gather"),
     "NVFP4Array": ("fp4jax.numerics.nvfp4_array", "NVFP4Array"),
+    "DecodedNVFP4": ("fp4jax.numerics.nvfp4_array", "DecodedNVFP4"),
     "Recipe": ("fp4jax.recipe", "Recipe"),
     "Operand": ("fp4jax.recipe", "Operand"),
     "UNQUANTIZED": ("fp4jax.recipe", "UNQUANTIZED"),
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from fp4jax.keys import layer_key
     from fp4jax.numerics.hadamard import DEFAULT_SIGNS as DEFAULT_HADAMARD_SIGNS
     from fp4jax.numerics.hadamard import rht
-    from fp4jax.numerics.nvfp4_array import NVFP4Array
+    from fp4jax.numerics.nvfp4_array import DecodedNVFP4, NVFP4Array
     from fp4jax.numerics.scales import global_decode_scale, global_encode_scale
     from fp4jax.quantized_dot import dot_general
     from fp4jax.recipe import BF16, UNQUANTIZED, Operand, Recipe
