@@ -247,6 +247,15 @@ class DecodedNVFP4:
       amax: float32 scalar, as `NVFP4Array.amax` (NaN when poisoned: the values are then NaN).
       axis: the quantized (block) axis, non-negative.
       hadamard: whether the values are of the Hadamard-rotated tensor.
+
+    Example:
+      >>> import jax.numpy as jnp, fp4jax
+      >>> from fp4jax.reference.quantization import scaled_codes_bf16
+      >>> q = fp4jax.quantize(jnp.linspace(-6.0, 6.0, 64).reshape(4, 16))
+      >>> d = fp4jax.DecodedNVFP4(values=scaled_codes_bf16(q), amax=q.amax, axis=1)
+      >>> w = fp4jax.quantize(jnp.ones((16, 8)), axis=0)
+      >>> bool((fp4jax.matmul(d, w) == fp4jax.matmul(q, w)).all())
+      True
     """
 
     values: jax.Array
