@@ -8,7 +8,8 @@ The main loop is the span of the backward branch that covers the most instructio
 kernels store the rowwise engine's codes with ``ST.E.64``: the split separates the
 rowwise from the columnwise engine). Prints instructions per loop iteration and per
 element (``--elements-per-thread``: a 64×128 tile over 128 threads is 64), each part's
-share, and the opcode histogram side by side. The SASS of the two-output kernels is in
+share, per pipe (`pipe_of`: Nsight Compute's ALU, FMA, ... pipes), and the opcode
+histogram side by side. The SASS of the two-output kernels is in
 ``benchmarks/results/2026-12-01-h200f/call3/sass.tgz`` (``gpu_session_f3.sh``).
 """
 
@@ -45,6 +46,42 @@ def main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
     return instrs[start:start + n + 1]
 
 
+_FMA_HEAVY = ("IMAD", "IMUL", "IDP")  # integer multiplies: the FMA pipe's heavy half only
+_FMA = ("FFMA", "FADD", "FMUL", "HFMA2", "HADD2", "HMUL2")
+_XU = ("F2F", "F2I", "I2F", "MUFU", "FRND")
+
+
+def pipe_of(opcode: str) -> str:
+    """The Hopper issue pipe of a SASS opcode, as Nsight Compute's pipe metrics name them.
+
+    ``alu``: integer add/logic/shift/select/compare and float compare, select and min/max
+    (half the lanes of the FMA pipe); ``fmaheavy``: integer multiply-add; ``fma``: float
+    add/multiply/fma; ``xu``: conversions and transcendentals; ``mem``: loads, stores,
+    barriers, TMA; ``uniform``: uniform-datapath and special-register instructions;
+    ``other``: the rest (branches, shuffles, ...).
+
+    Example:
+      >>> [pipe_of(o) for o in ("LOP3.LUT", "IMAD.SHL.U32", "FFMA", "FMNMX.NAN", "STG.E")]
+      ['alu', 'fmaheavy', 'fma', 'alu', 'mem']
+    """
+    base = opcode.split(".")[0]
+    if base in _FMA_HEAVY:
+        return "fmaheavy"
+    if base in _FMA:
+        return "fma"
+    if base in _XU:
+        return "xu"
+    if base.startswith(("LD", "ST", "ATOM", "RED", "SYNCS", "BAR", "UTMA", "UBLKCP", "MEMBAR")):
+        return "mem"
+    if base.startswith("U") or base in ("S2R", "S2UR", "CS2R", "R2UR"):
+        return "uniform"
+    if base in ("LOP3", "SHF", "IADD3", "ISETP", "SEL", "PRMT", "LEA", "FSETP", "FMNMX",
+                "FSEL", "IMNMX", "VIMNMX", "VIADD", "PLOP3", "P2R", "R2P", "FLO", "POPC",
+                "BREV", "IABS", "SGXT", "BMSK", "F2FP", "I2FP", "MOV", "FCHK"):
+        return "alu"
+    return "other"
+
+
 def summarize(path: str, per_thread: int, split: str | None) -> dict:
     loop = main_loop(instructions(path))
     parts = [loop]
@@ -53,8 +90,10 @@ def summarize(path: str, per_thread: int, split: str | None) -> dict:
         if hits:
             parts = [loop[:hits[-1] + 1], loop[hits[-1] + 1:]]
     ops = collections.Counter(op.split(".")[0] for _, op, _ in loop)
+    pipes = collections.Counter(pipe_of(op) for _, op, _ in loop)
     return {"path": path, "loop": len(loop), "per_element": len(loop) / per_thread,
-            "parts": [len(p) / per_thread for p in parts], "ops": ops}
+            "parts": [len(p) / per_thread for p in parts], "ops": ops,
+            "pipes_per_element": {k: v / per_thread for k, v in sorted(pipes.items())}}
 
 
 def main(argv=None) -> list[dict]:
@@ -67,7 +106,8 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         parts = " + ".join(f"{x:.1f}" for x in r["parts"])
         print(f"{r['path']}: {r['loop']} instructions per loop iteration, "
-              f"{r['per_element']:.1f} per element ({parts})")
+              f"{r['per_element']:.1f} per element ({parts}); per pipe: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in r["pipes_per_element"].items()))
     ops = sorted(set().union(*(r["ops"] for r in rows)), key=lambda o: -rows[-1]["ops"][o])
     print("| opcode | " + " | ".join(f"kernel {i + 1}" for i in range(len(rows))) + " |")
     print("| --- |" + " --- |" * len(rows))
