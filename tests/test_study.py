@@ -137,8 +137,13 @@ def test_t_table_is_the_student_t_quantile():
     assert study_report.mean_interval([0.5]).half_width is None
     assert study_report.mean_interval([0.01, 0.0101, 0.0099]).wide is False  # ±0.025 pp
     assert study_report.mean_interval([0.01, 0.02, 0.0]).wide is True
+    for df in (31, 47, 100, 400):  # beyond the table: the Cornish-Fisher expansion
+        t = study_report.t_critical(df)
+        x = df / (df + t * t)
+        cdf = 1.0 - 0.5 * float(jax.scipy.special.betainc(df / 2.0, 0.5, np.float64(x)))
+        assert abs(cdf - 0.975) < 2e-5, (df, cdf)
     with pytest.raises(ValueError, match="degrees of freedom"):
-        study_report.t_critical(31)
+        study_report.t_critical(0)
     with pytest.raises(ValueError, match="finite"):
         study_report.mean_interval([1.0, float("nan")])
 
@@ -277,12 +282,10 @@ def test_a_trainer_reused_for_another_seed_trains_as_a_fresh_one_without_recompi
 
 
 def test_seeds_for_half_width_is_the_fewest_that_reach_the_target():
-    """The returned n meets the half-width target and n - 1 does not (table t up to 30
-    degrees of freedom, the approximate quantile beyond); a zero sd needs two seeds."""
+    """The returned n meets the half-width target and n - 1 does not; a zero sd needs two
+    seeds."""
     def half(n, sd):
-        df = n - 1
-        t = study_report.T_975.get(df, 1.959963985 + (1.959963985**3 + 1.959963985) / (4 * df))
-        return t * sd / math.sqrt(n)
+        return study_report.t_critical(n - 1) * sd / math.sqrt(n)
 
     for sd in (0.001, 0.004, 0.0103, 0.02):
         n = study_report.seeds_for_half_width(sd, 0.003)
