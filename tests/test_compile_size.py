@@ -77,6 +77,19 @@ def test_gemm_output_scale_is_not_recomputed_per_element():
     assert over_output and max(over_output) <= 16, over_output
 
 
+def _layer_text_for_cuda(impl: str, x_shape, w_shape) -> str:
+    """One BF16 linear layer's fwd+bwd through `fp4jax.dot_general` with ``impl``,
+    lowered for CUDA on the host (StableHLO text)."""
+    def fwd_bwd(x, w, key):
+        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl=impl),
+                         x, w)
+        return vjp(jnp.ones_like(y))
+
+    return jax.jit(fwd_bwd).trace(
+        jax.ShapeDtypeStruct(x_shape, jnp.bfloat16), jax.ShapeDtypeStruct(w_shape, jnp.bfloat16),
+        jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+
+
 def test_kernel_path_layer_leaves_xla_no_division(monkeypatch):
     """One linear layer's fwd+bwd through the Pallas kernels, lowered for CUDA on the host
     (no GPU needed): the global scales and the GEMM output factors come from tiny kernels
@@ -86,16 +99,7 @@ def test_kernel_path_layer_leaves_xla_no_division(monkeypatch):
     from fp4jax import implementation
 
     monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
-
-    def fwd_bwd(x, w, key):
-        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl="pallas"),
-                         x, w)
-        return vjp(jnp.ones_like(y))
-
-    text = jax.jit(fwd_bwd).trace(
-        jax.ShapeDtypeStruct((4096, 768), jnp.bfloat16),
-        jax.ShapeDtypeStruct((768, 2048), jnp.bfloat16),
-        jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+    text = _layer_text_for_cuda("pallas", (4096, 768), (768, 2048))
     assert "count_leading_zeros" not in text
     ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
     assert ops <= 600, ops
@@ -149,19 +153,10 @@ def _decoded_kernel_outputs(monkeypatch, prefers_gemm_kernel: bool) -> int:
     monkeypatch.setattr(implementation, "auto_prefers_gemm_kernel",
                         lambda *_: prefers_gemm_kernel)
     jax.clear_caches()  # the layer's traces hold the GEMM choice they were traced with
-
-    def fwd_bwd(x, w, key):
-        y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl="auto"),
-                         x, w)
-        return vjp(jnp.ones_like(y))
-
-    text = jax.jit(fwd_bwd).trace(
-        jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16),
-        jax.ShapeDtypeStruct((256, 256), jnp.bfloat16),
-        jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
-    calls = [line for line in text.splitlines() if "mosaic_gpu_v2" in line]
-    return sum(line.count("tensor<64x16x16x8xui32>") for line in calls
-               if "->" in line for line in [line[line.rindex("->"):]])
+    text = _layer_text_for_cuda("auto", (1024, 256), (256, 256))
+    results = [line[line.rindex("->"):] for line in text.splitlines()
+               if "mosaic_gpu_v2" in line and "->" in line]
+    return sum(r.count("tensor<64x16x16x8xui32>") for r in results)
 
 
 def test_kernel_writes_the_copies_xla_multiplies_decoded(monkeypatch):
