@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import train_llama as tl
 from unit_records import environment
-from unit_runs import TooLong, build_result, result_path, write_json
+from unit_runs import TooLong, build_result, checked_epochs, finished, result_path, write_json
 
 STEPS_AHEAD = 2
 """Steps dispatched before waiting for the oldest (as `train_llama.train`)."""
@@ -104,8 +103,7 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
       ``train_wall_s`` and ``final_mode``.
     """
     trainer, cfg = batch.trainer, batch.trainer.cfg
-    for t in batch.trainers:
-        t.set_total_steps(steps)
+    trainer.set_total_steps(steps)  # the seeds' trainers share this compiled step
     step_fn = trainer.step.vmapped()
     state = batch.init(steps)
     val = jax.device_put(val)
@@ -190,10 +188,7 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     cfgs = [spec.run_config(u) for u in units]
     data = [data_lib.Batches(corpus.train, batch=c.batch, seq=c.seq, seed=u.seed)
             for c, u in zip(cfgs, units)]
-    epochs = data[0].epochs(steps)
-    if epochs >= spec.max_epochs:
-        raise TooLong(f"{spec.name}/{first.name}: {epochs:.2f} epochs of the {first.corpus} "
-                      f"corpus, not under max_epochs={spec.max_epochs}")
+    epochs = checked_epochs(spec, first, data[0], corpus)
     val = data_lib.validation_batches(corpus.val, batch=cfgs[0].batch, seq=cfgs[0].seq,
                                       max_batches=cfgs[0].eval_batches)
     batch = SeedBatch(tl.Trainer(spec.model_config(), cfgs[0], steps), [u.seed for u in units])
@@ -252,14 +247,9 @@ def _batch_wall_s(spec: StudySpec, results: Path, units: Sequence[Unit]) -> floa
     """The wall time of the last finished seed batch of the same variant and length."""
     walls = [r["seed_batch"]["train_wall_s"] for u in spec.units()
              if (u.variant, u.tokens_per_param) == (units[0].variant, units[0].tokens_per_param)
-             for r in [_result(results, u)] if r and r.get("seed_batch")
+             for r in [finished(results, u)] if r and r.get("seed_batch")
              and len(r["seed_batch"]["seeds"]) >= len(units)]
     return walls[-1] if walls else None
-
-
-def _result(results: Path, unit: Unit) -> dict[str, Any] | None:
-    p = result_path(results, unit)
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,

@@ -78,6 +78,24 @@ def work_dir(results: Path, unit: Unit) -> Path:
     return Path(results) / "work" / unit.name
 
 
+def checked_epochs(spec: StudySpec, unit: Unit, batches: data_lib.Batches,
+                   corpus: data_lib.Corpus) -> float:
+    """The epochs of its corpus that ``unit`` reads through ``batches``.
+
+    Raises:
+      TooLong: if that is ``spec.max_epochs`` or more.
+    """
+    steps = spec.steps(unit.tokens_per_param)
+    epochs = batches.epochs(steps)
+    if epochs >= spec.max_epochs:
+        raise TooLong(
+            f"{spec.name}/{unit.name}: {steps} steps of {batches.batch}x{batches.seq} tokens "
+            f"read {epochs:.2f} epochs of the {unit.corpus} corpus "
+            f"({len(corpus.train) / 1e6:.1f} MB train), not under max_epochs="
+            f"{spec.max_epochs}: use a smaller model or fewer tokens per parameter")
+    return epochs
+
+
 def run_unit(
     spec: StudySpec,
     unit: Unit,
@@ -116,13 +134,7 @@ def run_unit(
     cfg = spec.run_config(unit)
     mcfg = spec.model_config()
     batches = data_lib.Batches(corpus.train, batch=cfg.batch, seq=cfg.seq, seed=unit.seed)
-    epochs = batches.epochs(steps)
-    if epochs >= spec.max_epochs:
-        raise TooLong(
-            f"{spec.name}/{unit.name}: {steps} steps of {cfg.batch}x{cfg.seq} tokens read "
-            f"{epochs:.2f} epochs of the {unit.corpus} corpus ({len(corpus.train) / 1e6:.1f} MB "
-            f"train), not under max_epochs={spec.max_epochs}: use a smaller model or fewer "
-            "tokens per parameter")
+    checked_epochs(spec, unit, batches, corpus)
     val = data_lib.validation_batches(corpus.val, batch=cfg.batch, seq=cfg.seq,
                                       max_batches=cfg.eval_batches)
     if trainer is None:
