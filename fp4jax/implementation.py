@@ -100,6 +100,12 @@ def gpu_capability() -> tuple[int, int] | None:
     return major, minor
 
 
+def on_hopper() -> bool:
+    """Whether the default device is a Hopper GPU (sm_9x): where the Pallas kernels run."""
+    cc = gpu_capability()
+    return cc is not None and (9, 0) <= cc < (10, 0)
+
+
 GemmLayout = Literal["fprop", "dgrad", "wgrad"]
 
 
@@ -170,9 +176,7 @@ def auto_gemm_runs_xla(m: int, n: int, k: int, layout: GemmLayout = "fprop") -> 
     False off Hopper (no quantize kernels; Blackwell multiplies codes natively) and where
     the measured table prefers the GEMM kernel (it multiplies codes).
     """
-    cc = gpu_capability()
-    return cc is not None and (9, 0) <= cc < (10, 0) and not auto_prefers_gemm_kernel(
-        m, n, k, layout)
+    return on_hopper() and not auto_prefers_gemm_kernel(m, n, k, layout)
 
 
 def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
@@ -239,8 +243,7 @@ def output_scales(pairs: Sequence[tuple[jax.Array, jax.Array]], *, impl: Impl = 
       >>> output_scales([(2688.0, 5376.0)]).tolist()
       [2.0]
     """
-    cc = gpu_capability()
-    if impl in ("auto", "pallas") and cc is not None and (9, 0) <= cc < (10, 0) \
+    if impl in ("auto", "pallas") and on_hopper() \
             and mesh_reason(*(a for pair in pairs for a in pair)) is None:
         from pallas_kernels import scale_kernels  # noqa: PLC0415
 
