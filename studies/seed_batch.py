@@ -41,9 +41,6 @@ import train_llama as tl
 from unit_records import environment
 from unit_runs import TooLong, build_result, checked_epochs, finished, result_path, write_json
 
-STEPS_AHEAD = 2
-"""Steps dispatched before waiting for the oldest (as `train_llama.train`)."""
-
 
 def stack(trees: Sequence[Any]) -> Any:
     """The trees' leaves stacked along a new leading axis (one entry per tree)."""
@@ -131,7 +128,7 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
                 jax.block_until_ready(state.params)
                 t_warm = time.perf_counter()
             in_flight.append(metrics["loss"])
-            if len(in_flight) > STEPS_AHEAD:
+            if len(in_flight) > tl.STEPS_AHEAD:  # the training loop's flow control
                 jax.block_until_ready(in_flight.popleft())
             if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
                 pending.append((done, {**metrics, "mode": mode,
