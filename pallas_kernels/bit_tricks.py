@@ -6,7 +6,8 @@ in the same order, so nothing can be elided or contracted into a different round
 
 * 16-bit inputs arrive as uint32 words holding two adjacent elements (even in the low
   half); `unpack_words` splits them into float32.
-* `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output).
+* `rne_to_16bit`: integer round-to-nearest-even to bf16/f16 precision (the RHT output);
+  `round_to_16bit` picks it or the GPU's conversion instruction.
 * `e4m3_block_scale`: the E4M3 block decode scale by the integer carry trick, and
   `encode_scale` / `mantissa_recips`: its reciprocal without an in-kernel float division
   (GPU float32 division is not correctly rounded).
@@ -78,6 +79,22 @@ def rne_to_16bit(y: jax.Array, dtype) -> jax.Array:
     r = jnp.where(mag < _U32(0x38800000), sub, normal)
     r = jnp.where(_f32(r) > 65504.0, _U32(0x7F800000), r)  # float16's largest finite
     return _f32(r | sign)
+
+
+def round_to_16bit(y: jax.Array, dtype, *, hardware: bool) -> jax.Array:
+    """RNE of float32 ``y`` to bf16/f16 precision, as float32 (NaN not preserved).
+
+    ``hardware=True`` converts with the GPU's instruction (``cvt.rn`` to bf16/f16 and
+    back: the IEEE round-to-nearest-even of `rne_to_16bit`, overflow to inf included) at
+    ~1.5 ALU instructions per element instead of 4 (bf16) or ~12 (f16); the quantize
+    kernels are ALU-bound (docs/BENCHMARKS.md). Inside a Mosaic GPU kernel nothing
+    removes the round trip (LLVM keeps ``fpext(fptrunc(y))``). In interpret mode the
+    kernel is an XLA program, whose simplifier may delete it, so there
+    ``hardware=False``: the integer form.
+    """
+    if hardware:
+        return y.astype(dtype).astype(_F32)
+    return rne_to_16bit(y, dtype)
 
 
 def round_block_max(m: jax.Array, dtype) -> jax.Array:

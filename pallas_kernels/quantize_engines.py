@@ -149,7 +149,7 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     bamax = []
     for c in range(2):
         if out.hadamard:
-            cols[c] = [bits.rne_to_16bit(v * 0.25, spec.dtype)
+            cols[c] = [bits.round_to_16bit(v * 0.25, spec.dtype, hardware=spec.hardware_casts)
                        for v in bits.rht16_butterfly(cols[c], out.signs)]
         if out.poison:
             acc = functools.reduce(jnp.maximum, [jnp.abs(v) for v in cols[c]], acc)

@@ -118,6 +118,9 @@ class KernelSpec:
     grid: int
     row: OutputSpec | None
     col: OutputSpec | None
+    hardware_casts: bool = False
+    """Round the RHT output with the GPU's float conversion (`bit_tricks.round_to_16bit`);
+    False in interpret mode, where XLA would remove the cast round trip."""
 
 
 def engine_layouts(spec: KernelSpec) -> tuple[Any, Any]:
@@ -229,7 +232,8 @@ def launch_spec(spec: KernelSpec, *, num_ctas: int | None, ctas_per_sm: int,
     """``spec`` with its persistent grid size and its pipeline depth filled in."""
     num_tiles, _ = tile_counts(spec)
     spec = dataclasses.replace(spec, grid=grid_size(
-        num_tiles, num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, interpret=interpret))
+        num_tiles, num_ctas=num_ctas, ctas_per_sm=ctas_per_sm, interpret=interpret),
+        hardware_casts=not interpret)
     return dataclasses.replace(spec, stages=pipeline_stages(spec))
 
 

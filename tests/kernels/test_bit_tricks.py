@@ -96,3 +96,25 @@ def test_sr_byte_gives_the_reference_block_bytes():
         for i in range(4):
             np.testing.assert_array_equal(np.asarray(bits.sr_byte(word, i)),
                                           np.asarray(want[:, 4 * j + i]))
+
+
+def test_hardware_16bit_rounding_is_the_integer_rounding():
+    """`round_to_16bit(hardware=True)` (the conversion instruction the GPU kernels use)
+    gives the bits of the integer `rne_to_16bit` for every non-NaN float32 class: ties of
+    both parities, subnormal results, the overflow boundary, infinities and signed zeros.
+    Run eagerly, so each cast is its own computation and cannot be elided."""
+    rng = np.random.default_rng(3)
+    words = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF,
+                        0x7F7F8000, 0x7F7F7FFF, 0x477FEFFF, 0x477FF000, 0x477FF001,
+                        0x38800000, 0x387FFFFF, 0x33800000, 0x33000000, 0x33000001,
+                        0x3F808000, 0x3F818000, 0x00000001, 0x80400000], np.uint32)
+    # Ties at bf16 precision with even and odd kept bits, across the exponent range.
+    ties = (rng.integers(0, 2**16, 2000, dtype=np.uint32) << 16) | np.uint32(0x8000)
+    y = np.concatenate([words, special, ties]).view(np.float32)
+    y = y[~np.isnan(y)]
+    for dtype in (jnp.bfloat16, jnp.float16):
+        hw = np.asarray(bits.round_to_16bit(jnp.asarray(y), dtype, hardware=True))
+        want = np.asarray(bits.rne_to_16bit(jnp.asarray(y), dtype))
+        np.testing.assert_array_equal(hw.view(np.uint32), want.view(np.uint32),
+                                      err_msg=str(jnp.dtype(dtype)))

@@ -181,3 +181,16 @@ def test_gpu_decoded_copies_are_the_references_decode(shape, rounding):
     """As above, compiled on the GPU, both copies decoded."""
     poison_allocator(16 * shape[0] * shape[1])
     _decoded_copies_match(shape, rounding, (True, True), interpret=False)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU host lowering; on a GPU the kernel runs")
+def test_gpu_kernel_lowers_for_cuda_with_hardware_casts():
+    """The compiled (not interpret-mode) two-output RHT+SR kernel lowers for the GPU from
+    this host, and rounds the RHT output with a float conversion (`arith.truncf`) there:
+    Mosaic GPU layout errors of the GPU-only code path show here, not first on the GPU."""
+    f = functools.partial(q2.quantize_rowwise_columnwise, rounding="stochastic",
+                          row_key=jax.random.key(0), col_key=jax.random.key(1), interpret=False)
+    text = jax.jit(f).trace(jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "fp4jax_quantize_row_sr_col_rht_sr" in text
+    assert "truncf" in text
