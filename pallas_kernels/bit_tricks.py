@@ -13,6 +13,8 @@ in the same order, so nothing can be elided or contracted into a different round
   (GPU float32 division is not correctly rounded).
 * `nibble_nearest` / `nibble_stochastic`: the E2M1 code by a magic-number addition
   whose result bits are the code; stochastic rounding from 8 random bits per element.
+  `value_nearest` / `value_stochastic`: the same roundings' signed values, and
+  `values_pair`: two of them times their block scales as a bf16x2 word (decoded copies).
 * `hash32` / `sr_key_words` / `sr_byte`: the counter-based stochastic-rounding bits of
   `fp4jax.numerics.random_bits` (one 32-bit hash per 4 elements, one byte each).
 * `rht16_butterfly`: the 16-point fast Walsh-Hadamard butterfly of
@@ -173,7 +175,7 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
     Returns:
       (enc, code, dec): float32 per-block encode scale, uint32 E4M3 bit pattern of the
       decode scale, and that decode scale as float32 (NaN for NaN blocks, whose codes
-      are 0: what `decoded_pair` multiplies).
+      are 0: what `values_pair` multiplies).
     """
     d = jnp.minimum(bamax * mult, E4M3_MAX)
     dbits = _u32(d)
@@ -189,25 +191,21 @@ def e4m3_block_scale(bamax: jax.Array, gds, mult, recips):
     return encode_scale(s, gds, recips), code, jnp.where(ok, s, np.float32(np.nan))
 
 
-def decoded_pair(even: jax.Array, odd: jax.Array, dec: jax.Array,
-                 dec_odd: jax.Array | None = None) -> jax.Array:
-    """Two E2M1 codes (uint32, 0..15) times their blocks' decode scales (``dec``, and
-    ``dec_odd`` for the odd element when its block differs), as the uint32 word
-    of two bfloat16 values (the even element in the low half): the dequantized operand
-    an emulated GEMM multiplies, bit for bit
+def values_pair(even: jax.Array, odd: jax.Array, dec: jax.Array,
+                dec_odd: jax.Array | None = None) -> jax.Array:
+    """Two signed E2M1 values (`value_nearest` / `value_stochastic`) times their blocks'
+    decode scales (``dec``, and ``dec_odd`` for the odd element when its block differs), as
+    the uint32 word of two bfloat16 values (the even element in the low half): the
+    dequantized operand an emulated GEMM multiplies, bit for bit
     `fp4jax.reference.quantization.scaled_codes_bf16` (docs/RECIPE.md §9).
 
-    The magnitude's float32 bits are ``(m + 252) << 22`` for ``m >= 2`` (1, 1.5, ..., 6)
-    and ``m * 0x3F000000`` for 0 and 0.5; times the E4M3 scale the product has at most 6
-    significant bits, so its top 16 bits are the exact bfloat16; the code's sign bit
-    becomes bit 15 (a negative zero for code 8, as the reference decodes it).
+    E2M1 × E4M3 has at most 6 significant bits, so each float32 product's top 16 bits are
+    its exact bfloat16 (NaN for a NaN block's scale, -0 for a negative value rounded to 0,
+    as the reference decodes code 8).
     """
-    def half(n, d):
-        m = n & _U32(7)
-        mag = jnp.where(m >= _U32(2), (m + _U32(252)) << 22, m * _U32(0x3F000000))
-        return (_u32(_f32(mag) * d) >> 16) | ((n & _U32(8)) << 12)
-
-    return half(even, dec) | (half(odd, dec if dec_odd is None else dec_odd) << 16)
+    lo = _u32(even * dec) >> 16
+    hi = _u32(odd * (dec if dec_odd is None else dec_odd)) & _U32(0xFFFF0000)
+    return lo | hi
 
 
 def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
@@ -257,6 +255,45 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     small = jnp.where(half, _U32(1), _U32(0)) + jnp.where(a > threshold, _U32(1), _U32(0))
     mag = jnp.where(b >= _U32(0x3F800000), big, small)
     return mag | jnp.where(v < 0, _U32(8), _U32(0))
+
+
+def value_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
+    """``e2m1(nibble_nearest(x, enc))`` as a signed float32, without forming the code.
+
+    The magic addition of `nibble_nearest` rounds ``a`` to ``r`` on the E2M1 grid:
+    ``a + C = C + r`` exactly, so ``(a + C) - C = r`` exactly (both operands share a
+    binade). A value the code would mark negative (``v < 0``) is ``-r``, so a negative
+    value rounded to 0 is -0, the reference's decode of code 8. Two float additions
+    replace the code's integer masking, sign select and the decode's integer ops: the
+    kernels that write decoded copies are ALU-bound (docs/BENCHMARKS.md).
+    """
+    v = x * enc
+    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
+    e = jnp.maximum(_u32(a) >> 23, _U32(127))
+    c = _f32(e * _U32(0x800002) + _U32((0x4A800000 - 127 * 0x800002) & 0xFFFFFFFF))
+    r = (a + c) - c
+    return jnp.where(v < 0, -r, r)
+
+
+def value_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
+    """``e2m1(nibble_stochastic(x, enc, u8))`` as a signed float32, without forming the code.
+
+    The same rounding decisions as `nibble_stochastic`: for ``a >= 1`` the carry that
+    makes the code ``(bits >> 22) - 252`` leaves the rounded value's float32 bits in the
+    top 10 bits, so masking the low 22 bits is the value; below 1 the value is 0.5 per
+    step taken (``a >= 0.5``, and ``a`` above the random threshold).
+    """
+    v = x * enc
+    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
+    b = _u32(a)
+    big = _f32((b - (u8 << 14) + _U32(0x3FDFFF)) & _U32(0xFFC00000))
+    half = a >= np.float32(0.5)
+    threshold = (_f32((u8 << 1) | _U32(0x4B000001)) * np.float32(2.0**-10)
+                 + jnp.where(half, np.float32(-8191.5), np.float32(-8192.0)))
+    small = (jnp.where(half, np.float32(0.5), np.float32(0.0))
+             + jnp.where(a > threshold, np.float32(0.5), np.float32(0.0)))
+    r = jnp.where(b >= _U32(0x3F800000), big, small)
+    return jnp.where(v < 0, -r, r)
 
 
 def hash32(k0, k1, k2, counter):

@@ -122,14 +122,19 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), layout)
     if out.stochastic:
         ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape, layout)
+    if out.values:  # the input's word layout: (groups, rows, blocks, 8) uint32 pairs
+        if out.stochastic:
+            ve, vo = bits.value_stochastic(xe, enc, ue), bits.value_stochastic(xo, enc, uo)
+        else:
+            ve, vo = bits.value_nearest(xe, enc), bits.value_nearest(xo, enc)
+        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = bits.values_pair(ve, vo, dec)
+        return acc
+    if out.stochastic:
         ne = bits.nibble_stochastic(xe, enc, ue)
         no = bits.nibble_stochastic(xo, enc, uo)
     else:
         ne = bits.nibble_nearest(xe, enc)
         no = bits.nibble_nearest(xo, enc)
-    if out.values:  # the input's word layout: (groups, rows, blocks, 8) uint32 pairs
-        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = bits.decoded_pair(ne, no, dec)
-        return acc
     byte = ne | (no << 4)
     codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = byte.astype(jnp.uint8)
     return acc
@@ -181,15 +186,18 @@ def _col_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         for c in range(2):
             for half in range(2):
                 r = 2 * p + half  # the row in the 16-row group: byte r % 4 of word r // 4
+                # With ``values`` the signed E2M1 value, else the code.
                 if out.stochastic:
                     u8 = bits.sr_byte(hashes[c], r % 4)
-                    nibs[c, half] = bits.nibble_stochastic(cols[c][r], encs[c], u8)
+                    rnd = bits.value_stochastic if out.values else bits.nibble_stochastic
+                    nibs[c, half] = rnd(cols[c][r], encs[c], u8)
                 else:
-                    nibs[c, half] = bits.nibble_nearest(cols[c][r], encs[c])
+                    rnd = bits.value_nearest if out.values else bits.nibble_nearest
+                    nibs[c, half] = rnd(cols[c][r], encs[c])
         if out.values:  # row r's even and odd column, in the input's word layout
             for half in range(2):
                 codes_ref.at[pl.ds(g0, bg), 2 * p + half, pl.ds(b0, bnb)][...] = (
-                    bits.decoded_pair(nibs[0, half], nibs[1, half], dec_e, dec_o))
+                    bits.values_pair(nibs[0, half], nibs[1, half], dec_e, dec_o))
             continue
         word = None
         for (c, half), nib in nibs.items():

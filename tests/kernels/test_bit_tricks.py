@@ -118,3 +118,35 @@ def test_hardware_16bit_rounding_is_the_integer_rounding():
         want = np.asarray(bits.rne_to_16bit(jnp.asarray(y), dtype))
         np.testing.assert_array_equal(hw.view(np.uint32), want.view(np.uint32),
                                       err_msg=str(jnp.dtype(dtype)))
+
+
+def _signed_e2m1(codes: np.ndarray) -> np.ndarray:
+    """The E2M1 value of each 4-bit code (code 8 is -0.0), float32."""
+    mag = np.asarray(E2M1_VALUES, np.float32)[codes & 7]
+    return np.where(codes & 8, -mag, mag).astype(np.float32)
+
+
+def test_values_are_the_decoded_codes_bit_for_bit():
+    """`value_nearest` / `value_stochastic` are the signed E2M1 values of `nibble_nearest` /
+    `nibble_stochastic`'s codes, bit for bit (-0.0 included), for values across every
+    binade and every rounding threshold, each random byte and two encode scales; and
+    `values_pair` packs ``value · scale`` of two elements as bf16 halves of one word."""
+    rng = np.random.default_rng(5)
+    v = np.concatenate([_values(), rng.integers(0, np.float32(7.0).view(np.uint32), 1500,
+                                                dtype=np.uint32).view(np.float32)])
+    u8 = jnp.arange(256, dtype=jnp.uint32)
+    vv, uu = jnp.broadcast_arrays(jnp.asarray(v)[:, None], u8[None, :])
+    for enc in (jnp.float32(1.0), jnp.float32(0.7371)):
+        for value, nibble, args in ((bits.value_nearest, bits.nibble_nearest, ()),
+                                    (bits.value_stochastic, bits.nibble_stochastic, (uu,))):
+            got = np.asarray(jax.jit(value)(vv, enc, *args))
+            want = _signed_e2m1(np.asarray(jax.jit(nibble)(vv, enc, *args)))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                          err_msg=value.__name__)
+    ve, vo = _signed_e2m1(np.arange(16, dtype=np.uint32)), _signed_e2m1(
+        np.arange(16, dtype=np.uint32)[::-1].copy())
+    dec = np.float32(2.0**-9 * 3), np.float32(448.0)
+    word = np.asarray(bits.values_pair(jnp.asarray(ve), jnp.asarray(vo), *map(jnp.float32, dec)))
+    want = [(ve * dec[0]).astype(jnp.bfloat16), (vo * dec[1]).astype(jnp.bfloat16)]
+    np.testing.assert_array_equal(word & 0xFFFF, want[0].view(np.uint16))
+    np.testing.assert_array_equal(word >> 16, want[1].view(np.uint16))
