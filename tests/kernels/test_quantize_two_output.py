@@ -184,12 +184,15 @@ def test_gpu_decoded_copies_are_the_references_decode(shape, rounding):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the CPU host lowering; on a GPU the kernel runs")
-def test_gpu_kernel_lowers_for_cuda_with_hardware_casts():
-    """The compiled (not interpret-mode) two-output RHT+SR kernel lowers for the GPU from
-    this host, and rounds the RHT output with a float conversion (`arith.truncf`) there:
-    Mosaic GPU layout errors of the GPU-only code path show here, not first on the GPU."""
+@pytest.mark.parametrize("decoded", [False, True], ids=["codes", "decoded"])
+def test_gpu_kernel_lowers_for_cuda_with_hardware_casts(decoded):
+    """The compiled (not interpret-mode) two-output RHT+SR kernel, writing codes or decoded
+    copies, lowers for the GPU from this host, and rounds the RHT output with a float
+    conversion (`arith.truncf`) there: Mosaic GPU layout errors of the GPU-only code path
+    show here, not first on the GPU."""
     f = functools.partial(q2.quantize_rowwise_columnwise, rounding="stochastic",
-                          row_key=jax.random.key(0), col_key=jax.random.key(1), interpret=False)
+                          row_key=jax.random.key(0), col_key=jax.random.key(1),
+                          decoded=(decoded, decoded), interpret=False)
     text = jax.jit(f).trace(jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "fp4jax_quantize_row_sr_col_rht_sr" in text
