@@ -115,6 +115,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", required=True)
     p.add_argument("--module", help="also write the fp4jax/gemm_table.py module here")
+    p.add_argument("--keep-rows-of", metavar="MODULE",
+                   help="a gemm_table.py whose rows this run did not measure are kept in "
+                        "--module (re-measure some shapes after a kernel change)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--widths", default=",".join(f"{a}x{b}" for a, b in WIDTHS),
@@ -139,8 +142,22 @@ def main(argv=None) -> None:
         json.dump({"environment": env, "rows": rows}, f, indent=1)
     if args.module:
         command = "python3 benchmarks/gemm_auto_table.py --json J --module M"
+        if args.keep_rows_of:
+            rows = kept_rows(args.keep_rows_of, rows) + rows
+            command += f" --tokens {args.tokens} --keep-rows-of {args.keep_rows_of}"
         with open(args.module, "w") as f:
             f.write(module_text(rows, env, command))
+
+
+def kept_rows(module_path: str, measured: list[dict]) -> list[dict]:
+    """The rows of the table module at ``module_path`` whose shapes ``measured`` lacks."""
+    scope: dict = {}
+    with open(module_path) as f:
+        exec(compile(f.read(), module_path, "exec"), scope)  # noqa: S102 - our own module
+    new = {(r["layout"], r["m"], r["n"], r["k"]) for r in measured}
+    return [{"layout": key[0], "m": key[1], "n": key[2], "k": key[3], "xla_ms": xla,
+             "pallas_ms": pallas}
+            for key, (xla, pallas) in scope["MEASURED"].items() if key not in new]
 
 
 if __name__ == "__main__":
