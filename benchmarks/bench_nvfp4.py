@@ -225,7 +225,7 @@ def _qwix_layer(x, w, ct, iters):
         def fwd(state, x):
             return nnx.merge(graphdef, state)(x)
         y, vjp = jax.vjp(fwd, state, x)
-        return y, *vjp(ct)
+        return y, *vjp(ct.astype(y.dtype))  # qwix's layer returns float32
 
     return 1e3 * time_fn(f, [(state, x, ct), (state, x * 0.5, ct)], iters=iters)
 
