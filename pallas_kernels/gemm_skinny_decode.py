@@ -6,8 +6,8 @@ groups). The fprop weight is stored ``(K/2, N)``, codes packed along K, N contig
 so one 32-bit shared-memory load holds one byte (two K elements) of four adjacent
 columns. The rows of A are those columns **in a permuted order** (`row_to_n`): a
 thread's four WGMMA rows are exactly the four columns of its 32-bit word, so every
-loaded byte decodes (`gemm_decode`'s rows recipe: two codes -> one ``bf16x2``) into
-one A register, with no shuffles. The accumulator rows carry the same permutation; the
+loaded byte decodes (two codes -> one ``bf16x2``, four integer ops, `_decode_word`)
+into one A register, with no shuffles. The accumulator rows carry the same permutation; the
 epilogue (`store_tile`) writes each thread's four adjacent outputs of one output row
 as one vector, which undoes it.
 
@@ -183,26 +183,41 @@ def _scale_factor(reg: ir.Value) -> ir.Value:
     return vector.broadcast(ir.VectorType.get((2,), bf16), arith.truncf(bf16, s))
 
 
-def _decode_byte(word: ir.Value, byte: int) -> ir.Value:
-    """Byte ``byte`` of an i32 -> bf16x2 ``e2m1 · 2**-126`` of its (low, high) codes."""
-    b = arith.shrui(word, _i32(8 * byte)) if byte else word
-    if byte < 3:
-        b = arith.andi(b, _i32(0xFF))
-    mag = arith.andi(arith.muli(b, _i32(dec.ROWS_MAG_MUL)), _i32(dec.MAG_MASK))
-    sign = arith.andi(arith.muli(b, _i32(dec.ROWS_SIGN_MUL)), _i32(dec.SIGN_MASK))
+# Decode of one 32-bit word of four code bytes (four columns, two K elements each):
+# u, v = its low and high nibbles (bytes <= 15); prmt gathers byte e's pair as
+# y = lo | hi << 16 (selector nibble 8: a zero byte, the sign of a byte <= 15); then
+# y · (2**6 + 2**12) puts each code's bits 0-2 at 6-8 and bit 3 at 15 of its half
+# (no carries: y has bits 0-3 and 16-19 only), and one mask keeps exactly those: the
+# BF16 pattern of e2m1(c) · 2**-126.
+NIBBLES = 0x0F0F0F0F
+PAIR_SELECTORS = tuple(e | 0x80 | (4 + e) << 8 | 0x8000 for e in range(4))
+SPREAD_MUL = (1 << 6) | (1 << 12)
+BF16_MASK = dec.MAG_MASK | dec.SIGN_MASK
+
+
+def _decode_word(word: ir.Value) -> list[ir.Value]:
+    """i32 of four code bytes -> four bf16x2 ``e2m1 · 2**-126`` (low, high code)."""
+    u = arith.andi(word, _i32(NIBBLES))
+    v = arith.andi(arith.shrui(word, _i32(4)), _i32(NIBBLES))
     bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
-    return mgpu_utils.bitcast(arith.ori(mag, sign), bf16x2)
+    out = []
+    for sel in PAIR_SELECTORS:
+        y = mgpu_utils.prmt(u, v, _i32(sel))
+        bits = arith.andi(arith.muli(y, _i32(SPREAD_MUL)), _i32(BF16_MASK))
+        out.append(mgpu_utils.bitcast(bits, bf16x2))
+    return out
 
 
 def _decode_mgpu(codes: mgpu.FragmentedArray, scales: mgpu.FragmentedArray,
                  tile_k: int) -> mgpu.FragmentedArray:
     i32 = ir.IntegerType.get_signless(32)
-    words = {idx: mgpu_utils.bitcast(r, i32) for idx, r in np.ndenumerate(codes.registers)}
+    pairs = {idx: _decode_word(mgpu_utils.bitcast(r, i32))
+             for idx, r in np.ndenumerate(codes.registers)}
     factors = {idx: _scale_factor(r) for idx, r in np.ndenumerate(scales.registers)}
     layout = mgpu.WGMMA_LAYOUT
     regs = np.empty(layout.registers_shape((WG_ROWS, tile_k)), dtype=object)
     for dst, (src, byte, sreg) in _cached_decode_plan(tile_k).items():
-        regs[dst] = arith.mulf(_decode_byte(words[src], byte), factors[sreg])
+        regs[dst] = arith.mulf(pairs[src][byte], factors[sreg])
     return mgpu.FragmentedArray(_registers=regs, _layout=layout, _is_signed=None)
 
 
