@@ -1,0 +1,166 @@
+"""Benchmark of the skinny NVFP4 GEMM on decode-like shapes: one command, one table.
+
+``python -m pallas_kernels.gemm_skinny_bench [--sweep]`` times, for M in 1, 16, 64, 128
+and N = K = 8192 and 2048 (fprop: X rowwise @ W in 16×16 tiles; BF16 output):
+
+* BF16 ``jnp.dot`` on BF16 operands of the same shapes,
+* the XLA path (decode to BF16 + ``lax.dot_general``, `pallas_kernels.gemm.reference`),
+* the general kernel (`pallas_kernels.gemm_kernel`, M padded to 64, its skinny tuning),
+* the skinny kernel (`pallas_kernels.gemm_skinny`, the default for M <= 64) as called
+  (activation decode and split-K sum included) and the kernel launch alone,
+* the byte floor: weight codes + tile scales + activations + output at the HBM copy
+  bandwidth measured in the same run (`pallas_kernels.timing.copy_seconds`),
+
+every time the median of batched calls cycling enough weight copies to defeat the L2.
+It then checks the skinny kernel bit for bit against the XLA path on exact-sum data
+and, with ``--sweep``, times a few `SkinnyConfig` variants at M = 16 and 64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import gemm, gemm_skinny, timing
+from pallas_kernels.gemm_config import SkinnyConfig, default_config
+
+_L2_DEFEAT_BYTES = 192 * 2**20  # rotate at least this many bytes of weights
+
+
+def _seconds(f, args_list, quick: bool = False) -> float:
+    if quick:  # a smoke run: one call
+        return timing.time_fn(f, args_list, warmup=0, iters=1, reps=1)
+    return timing.time_fn(f, args_list, warmup=len(args_list), iters=15, reps=10)
+
+
+def _floor_bytes(m: int, n: int, k: int) -> int:
+    """Bytes the GEMM must move: W codes and tile scales, X codes and scales, BF16 output."""
+    return k * n // 2 + (k // 16) * (n // 16) + m * k // 2 + m * k // 16 + 2 * m * n
+
+
+def _kernel_only(lhs, rhs, cfg, interpret):
+    """The skinny kernel's launch alone on prepared operands (no XLA passes)."""
+    m, n, k = lhs.shape[0], rhs.shape[1], lhs.padded_length
+    m_pad = -(-m // gemm_skinny.M_ALIGN) * gemm_skinny.M_ALIGN
+    x = gemm_skinny.decode_activations(lhs, m_pad)
+    ws = jax.lax.bitcast_convert_type(rhs.scales, jnp.uint8)
+    p = gemm_skinny.Problem(m_pad, n, k, jnp.dtype(jnp.bfloat16))
+    f = jax.jit(lambda d, s, xx, o: gemm_skinny.call_kernel(d, s, xx, o, p, cfg, interpret))
+    return f, (rhs.data, ws, x, jnp.ones((1,), jnp.float32))
+
+
+def _exact_operands(quantize, m, n, k, seed):
+    """E2M1-grid data with a ±6 in every 16-block: scales 448, float32 sums exact (K <= 512)."""
+    grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
+
+    def data(shape, s):
+        k1, k2 = jax.random.split(jax.random.key(s))
+        x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
+            jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
+        return x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
+
+    return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0, block_2d=True)
+
+
+def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 128),
+         interpret: bool = False) -> list[dict]:
+    """Prints the table (and the sweep with ``--sweep``); returns its rows.
+
+    ``sizes`` (N = K), ``ms`` and ``interpret`` (Mosaic GPU interpret mode) let a CPU
+    run the same code on small shapes (a smoke test; its times mean nothing).
+    """
+    from fp4jax.reference.quantization import quantize  # the operands' spec, lazily
+
+    argv = sys.argv[1:] if argv is None else argv
+    env = timing.environment()
+    print(f"{env['device']}, jax {env['jax']}, {env['date']}", flush=True)
+    big = jnp.zeros((64, 1024) if interpret else (8192, 16384), jnp.bfloat16)
+    bw = 2 * big.nbytes / timing.copy_seconds(big, warmup=2, iters=10, reps=10)
+    q = interpret
+    del big
+    print(f"HBM copy bandwidth (XLA x+1): {bw / 1e9:.0f} GB/s", flush=True)
+    bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
+    xla = jax.jit(functools.partial(gemm.reference, preferred_element_type=jnp.bfloat16))
+    ours = functools.partial(gemm.matmul, preferred_element_type=jnp.bfloat16,
+                             interpret=interpret)
+    rows = []
+    for nk in sizes:
+        copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
+        keys = jax.random.split(jax.random.key(nk), copies)
+        w16 = [jax.random.normal(kk, (nk, nk), jnp.bfloat16) for kk in keys]
+        qw = [quantize(w, axis=0, block_2d=True) for w in w16]
+        for m in ms:
+            x16 = [jax.random.normal(jax.random.key(m + i), (m, nk), jnp.bfloat16)
+                   for i in range(copies)]
+            qx = [quantize(x) for x in x16]
+            ops = list(zip(qx, qw, strict=True))
+            row = {"m": m, "n": nk, "k": nk,
+                   "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3,
+                   "bf16_ms": _seconds(bf16_dot, list(zip(x16, w16, strict=True)), q) * 1e3,
+                   "xla_ms": _seconds(xla, ops, q) * 1e3}
+            old_cfg = default_config(m, nk, nk, skinny=False)
+            row["old_ms"] = _seconds(functools.partial(ours, config=old_cfg), ops, q) * 1e3
+            cfg = default_config(m, nk, nk)
+            if isinstance(cfg, SkinnyConfig):
+                row["new_ms"] = _seconds(ours, ops, q) * 1e3
+                f, args = _kernel_only(*ops[0], cfg, interpret)
+                row["kernel_ms"] = _seconds(f, [args], q) * 1e3
+                got, want = ours(*ops[0]), xla(*ops[0])
+                row["rel_err"] = float(jnp.linalg.norm((got - want).astype(jnp.float32))
+                                       / jnp.linalg.norm(want.astype(jnp.float32)))
+                row["x_bf16"] = row["bf16_ms"] / row["new_ms"]
+            rows.append(row)
+            print(row, flush=True)
+        del w16, qw
+    exact = {}
+    for m in ms:
+        if m > 64:
+            continue
+        lhs, rhs = _exact_operands(quantize, m, 1024 // (4 if interpret else 1), 512, seed=m)
+        got = gemm.matmul(lhs, rhs, interpret=interpret)
+        want = jax.jit(gemm.reference)(lhs, rhs)
+        exact[m] = bool(np.array_equal(np.asarray(got).view(np.uint32),
+                                       np.asarray(want).view(np.uint32)))
+    print(f"\nbitwise == XLA path on exact-sum data (M x 1024 x 512, float32): {exact}")
+    print(f"\n{'M x N x K':>16} {'bf16':>7} {'xla':>7} {'old':>7} {'new':>7} {'kernel':>7} "
+          f"{'floor':>7} {'x bf16':>7} {'rel.err':>8}   (ms)")
+    for r in rows:
+        new = (f"{r['new_ms']:7.4f} {r['kernel_ms']:7.4f}" if "new_ms" in r
+               else f"{'-':>7} {'-':>7}")
+        tail = f"{r['x_bf16']:7.2f} {r['rel_err']:8.1e}" if "new_ms" in r else f"{'-':>7}"
+        print(f"{r['m']:>5} x {r['n']} x {r['k']:<4} {r['bf16_ms']:7.4f} {r['xla_ms']:7.4f} "
+              f"{r['old_ms']:7.4f} {new} {r['floor_ms']:7.4f} {tail}")
+    if "--sweep" in argv:
+        _sweep(quantize)
+    return rows
+
+
+def _sweep(quantize) -> None:
+    """Times `SkinnyConfig` variants at M = 16 and 64, N = K = 8192 (for the defaults)."""
+    base = default_config(16, 8192, 8192)
+    variants = [base] + [dataclasses.replace(base, **kw) for kw in (
+        {"k_splits": 2}, {"k_splits": 8}, {"max_concurrent_steps": 4},
+        {"max_concurrent_steps": 8}, {"tile_k": 256, "max_concurrent_steps": 4},
+        {"tile_k": 256, "k_splits": 2, "max_concurrent_steps": 3})]
+    qw = [quantize(jax.random.normal(jax.random.key(i), (8192, 8192), jnp.bfloat16),
+                   axis=0, block_2d=True) for i in range(4)]
+    print("\nsweep (N = K = 8192, BF16 output, ms per call):", flush=True)
+    for m in (16, 64):
+        ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, 8192))), w)
+               for i, w in enumerate(qw)]
+        for cfg in variants:
+            try:
+                t = _seconds(functools.partial(gemm.matmul, config=cfg,
+                                               preferred_element_type=jnp.bfloat16), ops)
+                print(f"  M={m:>3} {t * 1e3:8.4f}  {cfg}", flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on (e.g. SMEM overflow)
+                print(f"  M={m:>3} failed {type(e).__name__}: {str(e)[:200]}  {cfg}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
