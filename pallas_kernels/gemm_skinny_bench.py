@@ -67,6 +67,45 @@ def _exact_operands(quantize, m, n, k, seed):
     return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0, block_2d=True)
 
 
+def _measure(row: dict, key, fn, *args) -> None:
+    """``row[key] = fn(*args)``, or the error, printed, so one failure does not end the run."""
+    try:
+        row[key] = fn(*args)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        row[key] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(f"  {key} failed: {row[key]}", flush=True)
+
+
+def _ms(f, args_list, quick: bool) -> float:
+    return _seconds(f, args_list, quick) * 1e3
+
+
+def _rel_err(f, reference, args) -> float:
+    got, want = f(*args).astype(jnp.float32), reference(*args).astype(jnp.float32)
+    return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+
+
+def _bitwise(f, reference, args) -> bool:
+    return bool(np.array_equal(np.asarray(f(*args)).view(np.uint32),
+                               np.asarray(reference(*args)).view(np.uint32)))
+
+
+def _print_table(rows: list[dict]) -> None:
+    def cell(r, key, fmt="7.4f"):
+        v = r.get(key)
+        return f"{v:{fmt}}" if isinstance(v, float) else f"{'-' if v is None else 'err':>7}"
+
+    print(f"\n{'M x N x K':>16} {'bf16':>7} {'xla':>7} {'old':>7} {'new':>7} {'kernel':>7} "
+          f"{'floor':>7} {'x bf16':>7} {'rel.err':>8}   (ms; x bf16 = bf16 / new)")
+    for r in rows:
+        ratio = (r["bf16_ms"] / r["new_ms"]
+                 if all(isinstance(r.get(k), float) for k in ("bf16_ms", "new_ms")) else None)
+        print(f"{r['m']:>5} x {r['n']} x {r['k']:<4} " + " ".join(
+            cell(r, k) for k in ("bf16_ms", "xla_ms", "old_ms", "new_ms", "kernel_ms",
+                                 "floor_ms"))
+            + f" {cell({'x': ratio}, 'x', '7.2f')} {cell(r, 'rel_err', '8.1e')}")
+
+
 def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 128),
          interpret: bool = False) -> list[dict]:
     """Prints the table (and the sweep with ``--sweep``); returns its rows.
@@ -97,69 +136,57 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
         for m in ms:
             x16 = [jax.random.normal(jax.random.key(m + i), (m, nk), jnp.bfloat16)
                    for i in range(copies)]
-            qx = [quantize(x) for x in x16]
-            ops = list(zip(qx, qw, strict=True))
-            row = {"m": m, "n": nk, "k": nk,
-                   "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3,
-                   "bf16_ms": _seconds(bf16_dot, list(zip(x16, w16, strict=True)), q) * 1e3,
-                   "xla_ms": _seconds(xla, ops, q) * 1e3}
-            old_cfg = default_config(m, nk, nk, skinny=False)
-            row["old_ms"] = _seconds(functools.partial(ours, config=old_cfg), ops, q) * 1e3
+            ops = list(zip([quantize(x) for x in x16], qw, strict=True))
+            row = {"m": m, "n": nk, "k": nk, "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3}
+            dense = list(zip(x16, w16, strict=True))
+            old = functools.partial(ours, config=default_config(m, nk, nk, skinny=False))
             cfg = default_config(m, nk, nk)
+            _measure(row, "bf16_ms", _ms, bf16_dot, dense, q)
+            _measure(row, "xla_ms", _ms, xla, ops, q)
+            _measure(row, "old_ms", _ms, old, ops, q)
             if isinstance(cfg, SkinnyConfig):
-                row["new_ms"] = _seconds(ours, ops, q) * 1e3
-                f, args = _kernel_only(*ops[0], cfg, interpret)
-                row["kernel_ms"] = _seconds(f, [args], q) * 1e3
-                got, want = ours(*ops[0]), xla(*ops[0])
-                row["rel_err"] = float(jnp.linalg.norm((got - want).astype(jnp.float32))
-                                       / jnp.linalg.norm(want.astype(jnp.float32)))
-                row["x_bf16"] = row["bf16_ms"] / row["new_ms"]
+                _measure(row, "new_ms", _ms, ours, ops, q)
+                kernel, args = _kernel_only(*ops[0], cfg, interpret)
+                _measure(row, "kernel_ms", _ms, kernel, [args], q)
+                _measure(row, "rel_err", _rel_err, ours, xla, ops[0])
             rows.append(row)
             print(row, flush=True)
         del w16, qw
     exact = {}
-    for m in ms:
-        if m > 64:
-            continue
+    for m in [m for m in ms if m <= 64]:
         lhs, rhs = _exact_operands(quantize, m, 1024 // (4 if interpret else 1), 512, seed=m)
-        got = gemm.matmul(lhs, rhs, interpret=interpret)
-        want = jax.jit(gemm.reference)(lhs, rhs)
-        exact[m] = bool(np.array_equal(np.asarray(got).view(np.uint32),
-                                       np.asarray(want).view(np.uint32)))
+        _measure(exact, m, _bitwise, functools.partial(gemm.matmul, interpret=interpret),
+                 jax.jit(gemm.reference), (lhs, rhs))
     print(f"\nbitwise == XLA path on exact-sum data (M x 1024 x 512, float32): {exact}")
-    print(f"\n{'M x N x K':>16} {'bf16':>7} {'xla':>7} {'old':>7} {'new':>7} {'kernel':>7} "
-          f"{'floor':>7} {'x bf16':>7} {'rel.err':>8}   (ms)")
-    for r in rows:
-        new = (f"{r['new_ms']:7.4f} {r['kernel_ms']:7.4f}" if "new_ms" in r
-               else f"{'-':>7} {'-':>7}")
-        tail = f"{r['x_bf16']:7.2f} {r['rel_err']:8.1e}" if "new_ms" in r else f"{'-':>7}"
-        print(f"{r['m']:>5} x {r['n']} x {r['k']:<4} {r['bf16_ms']:7.4f} {r['xla_ms']:7.4f} "
-              f"{r['old_ms']:7.4f} {new} {r['floor_ms']:7.4f} {tail}")
+    _print_table(rows)
     if "--sweep" in argv:
-        _sweep(quantize)
+        _sweep(quantize, sizes[0], interpret)
     return rows
 
 
-def _sweep(quantize) -> None:
-    """Times `SkinnyConfig` variants at M = 16 and 64, N = K = 8192 (for the defaults)."""
-    base = default_config(16, 8192, 8192)
+def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
+    """Times `SkinnyConfig` variants at M = 16 and 64, N = K = ``nk`` (for the defaults)."""
+    base = default_config(16, nk, nk)
     variants = [base] + [dataclasses.replace(base, **kw) for kw in (
-        {"k_splits": 2}, {"k_splits": 8}, {"max_concurrent_steps": 4},
-        {"max_concurrent_steps": 8}, {"tile_k": 256, "max_concurrent_steps": 4},
-        {"tile_k": 256, "k_splits": 2, "max_concurrent_steps": 3})]
-    qw = [quantize(jax.random.normal(jax.random.key(i), (8192, 8192), jnp.bfloat16),
-                   axis=0, block_2d=True) for i in range(4)]
-    print("\nsweep (N = K = 8192, BF16 output, ms per call):", flush=True)
+        {"k_splits": 2 * base.k_splits}, {"k_splits": max(1, base.k_splits // 2)},
+        {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
+        {"tile_k": 256, "max_concurrent_steps": 4},
+        {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3})]
+    copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
+    qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),
+                   axis=0, block_2d=True) for i in range(copies)]
+    print(f"\nsweep (N = K = {nk}, BF16 output, ms per call):", flush=True)
     for m in (16, 64):
-        ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, 8192))), w)
+        ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, nk))), w)
                for i, w in enumerate(qw)]
         for cfg in variants:
-            try:
-                t = _seconds(functools.partial(gemm.matmul, config=cfg,
-                                               preferred_element_type=jnp.bfloat16), ops)
-                print(f"  M={m:>3} {t * 1e3:8.4f}  {cfg}", flush=True)
-            except Exception as e:  # noqa: BLE001 - report and go on (e.g. SMEM overflow)
-                print(f"  M={m:>3} failed {type(e).__name__}: {str(e)[:200]}  {cfg}", flush=True)
+            f = functools.partial(gemm.matmul, config=cfg, preferred_element_type=jnp.bfloat16,
+                                  interpret=interpret)
+            row: dict = {}
+            _measure(row, "ms", _ms, f, ops, interpret)
+            t = row["ms"]
+            print(f"  M={m:>3} {t:8.4f}  {cfg}" if isinstance(t, float) else
+                  f"  M={m:>3} failed  {cfg}", flush=True)
 
 
 if __name__ == "__main__":
