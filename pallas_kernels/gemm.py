@@ -75,12 +75,15 @@ def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
 
 def _config(lhs: NVFP4Array, rhs: NVFP4Array,
             config: TuningConfig | SkinnyConfig | None) -> TuningConfig | SkinnyConfig:
-    """``config``, or the default for the shapes (the skinny kernel takes a 2D lhs and
-    the fprop weight: 16×16 tiles, stored (K/2, N))."""
+    """``config``, or the default for the operands: the skinny kernel's where it takes
+    them (M <= 64, a 16×16-tiled 2D weight or its ``.mT``), else the general kernel's."""
     if config is not None:
         return config
-    skinny = lhs.ndim == 2 and rhs.axis == 0 and rhs.block_2d
-    return default_config(lhs.shape[-2], rhs.shape[-1], lhs.padded_length, skinny=skinny)
+    m, n, k = lhs.shape[-2], rhs.shape[-1], lhs.padded_length
+    cfg = default_config(m, n, k, skinny=gemm_skinny.variant_of(rhs) is not None)
+    if isinstance(cfg, SkinnyConfig) and gemm_skinny.unsupported(lhs, rhs, cfg) is not None:
+        cfg = default_config(m, n, k, skinny=False)
+    return cfg
 
 
 def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,
@@ -167,8 +170,8 @@ def matmul(
       along N, i.e. ``W.mT`` of a 2D-tiled weight stored ``(K/2, N)`` (dgrad).
     * M, N multiples of the CTA tile, K a multiple of ``tile_k · k_splits``; an M of
       at most 64 is zero-padded to one tile (decode-like shapes).
-    * M <= 64 with a 2D lhs and the fprop weight (``rhs`` 16×16-tiled, stored
-      ``(K/2, N)``), N a multiple of 256: the skinny kernel (`pallas_kernels.gemm_skinny`,
+    * M <= 64 with a 2D lhs and a 16×16-tiled 2D weight (fprop's ``W`` or dgrad's
+      ``W.mT``), N a multiple of 256: the skinny kernel (`pallas_kernels.gemm_skinny`,
       a `SkinnyConfig`), chosen by default where it fits.
 
     Args:

@@ -1,10 +1,11 @@
 """Tuning of the Hopper NVFP4 GEMM (`pallas_kernels.gemm`): tile sizes and scheduling.
 
 `TuningConfig` holds every static knob of the general kernel (`pallas_kernels.gemm_kernel`);
-`SkinnyConfig` those of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64 in the
-fprop layout). `default_config` picks, for a problem size, the skinny kernel where it
-fits, else the largest CTA tile that divides the problem (`LARGE_CONFIG` for big GEMMs,
-`SKINNY_CONFIG` for other decode-like ``M <= 64``, where M is zero-padded to one tile).
+`SkinnyConfig` those of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64, a
+16×16-tiled weight: fprop and dgrad). `default_config` picks, for a problem size, the
+skinny kernel where it fits, else the largest CTA tile that divides the problem
+(`LARGE_CONFIG` for big GEMMs, `SKINNY_CONFIG` for other decode-like ``M <= 64``, where
+M is zero-padded to one tile).
 
 Example:
   >>> from pallas_kernels import gemm_config
@@ -138,7 +139,7 @@ PLANNED_SMS = 132
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SkinnyConfig:
-    """Tuning of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64, fprop layout).
+    """Tuning of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64).
 
     Attributes:
       tile_k: contraction elements per pipeline step (multiple of 128: a stage's scale

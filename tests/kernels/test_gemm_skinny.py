@@ -33,6 +33,7 @@ from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm, gemm_skinny
 from pallas_kernels import gemm_skinny_decode as sd
+from pallas_kernels import gemm_skinny_layouts as sl
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
@@ -58,97 +59,164 @@ def _prmt(a, b, sel):
     return out
 
 
-def test_weight_decode_recipe():
-    """`_decode_word` (numpy mirror): byte e of a word -> bf16x2 (low, high code) of
-    e2m1 · 2**-126, for every byte value in every position."""
+def _decode_word(word, sel):
+    """numpy mirror of `gemm_skinny_decode._decode_word` for one selector: uint64 words
+    -> the (low half, high half) values of the bf16x2 result."""
+    u = word & sd.NIBBLES
+    v = (word >> np.uint64(4)) & sd.NIBBLES
+    bits = ((_prmt(u, v, sel) * sd.SPREAD_MUL) & np.uint64(0xFFFFFFFF)) & sd.BF16_MASK
+    return _bf16_value(bits & 0xFFFF), _bf16_value(bits >> 16)
+
+
+def _scale_factor(b):
+    """numpy mirror of `gemm_skinny_decode._scale_factor`: E4M3 bits -> s · 2**118."""
+    half = ((np.asarray(b, np.uint16) & 0x7F) << 7).view(np.float16)
+    return (half.astype(np.float32) * np.float32(2.0**126)).astype(ml_dtypes.bfloat16)
+
+
+def test_word_decode_recipe():
+    """Every selector gathers the codes it names: for all byte values in every position,
+    nibble pairs (p, q) of a word decode to e2m1 · 2**-126 exactly."""
     rng = np.random.default_rng(0)
-    m32 = np.uint64(0xFFFFFFFF)
-    for e in range(4):
-        other = rng.integers(0, 2**32, 256, dtype=np.uint64) & ~np.uint64(0xFF << (8 * e))
-        b = np.arange(256, dtype=np.uint64)
-        word = other | (b << np.uint64(8 * e))
-        u = word & sd.NIBBLES
-        v = (word >> np.uint64(4)) & sd.NIBBLES
-        y = _prmt(u, v, sd.PAIR_SELECTORS[e])
-        bits = ((y * sd.SPREAD_MUL) & m32) & sd.BF16_MASK
-        np.testing.assert_array_equal(_bf16_value(bits & 0xFFFF), _E2M1[b & 15] * 2.0**-126)
-        np.testing.assert_array_equal(_bf16_value(bits >> 16), _E2M1[b >> 4] * 2.0**-126)
+    for p0, p1 in ((0, 4), (3, 7), (0, 1), (6, 7), (2, 3), (5, 4)):
+        for b in range(256):
+            word = rng.integers(0, 2**32, 64, dtype=np.uint64)
+            word = (word & ~np.uint64(0xFF << 8 * (p0 % 4))) | np.uint64(b << 8 * (p0 % 4))
+            sel = p0 | sl.ZERO_BYTE << 4 | p1 << 8 | sl.ZERO_BYTE << 12
+            lo, hi = _decode_word(word, sel)
+            code = [((word >> np.uint64(8 * (p % 4) + 4 * (p // 4))) & 15).astype(int)
+                    for p in (p0, p1)]
+            np.testing.assert_array_equal(lo, _E2M1[code[0]] * 2.0**-126)
+            np.testing.assert_array_equal(hi, _E2M1[code[1]] * 2.0**-126)
 
 
 def test_scale_factor_recipe():
-    """`_scale_factor` (numpy mirror): the float16 pattern ``(b & 0x7F) << 7`` is the
-    E4M3 scale times 2**-8 for every finite scale (subnormals included), so the factor
-    is s · 2**118, and e2m1 · 2**-126 times it is e2m1 · s · 2**-8, exact in BF16."""
+    """The float16 pattern ``(b & 0x7F) << 7`` is the E4M3 scale times 2**-8 for every
+    finite scale (subnormals included), so the factor is s · 2**118 and e2m1 · 2**-126
+    times it is e2m1 · s · 2**-8, exact in BF16."""
     b = np.arange(0x7F, dtype=np.uint16)  # every finite non-negative E4M3 scale
     s = b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     half = ((b & 0x7F) << 7).view(np.float16).astype(np.float64)
     np.testing.assert_array_equal(half, s * 2.0**-8)
-    factor = (half.astype(np.float32) * np.float32(2.0**126)).astype(ml_dtypes.bfloat16)
-    np.testing.assert_array_equal(factor.astype(np.float64), s * 2.0**118)
-    prod = (_E2M1[:, None] * 2.0**-126) * factor.astype(np.float64)[None, :]
+    factor = _scale_factor(b).astype(np.float64)
+    np.testing.assert_array_equal(factor, s * 2.0**118)
+    prod = (_E2M1[:, None] * 2.0**-126) * factor[None, :]
     np.testing.assert_array_equal(prod.astype(ml_dtypes.bfloat16).astype(np.float64),
                                   _E2M1[:, None] * s[None, :] * 2.0**-8)
     assert sd.ACC_UNSCALE == 2.0**8
 
 
-def test_row_permutation():
-    rows = [sd.row_to_n(r) for r in range(sd.WG_ROWS)]
-    assert sorted(rows) == list(range(sd.WG_ROWS))
-    assert all(sd.n_to_row(sd.row_to_n(r)) == r for r in range(sd.WG_ROWS))
+@pytest.mark.parametrize("variant", list(sl.VARIANTS.values()), ids=list(sl.VARIANTS))
+def test_permutations(variant):
+    assert sorted(map(variant.row, range(sl.WG_ROWS))) == list(range(sl.WG_ROWS))
+    assert sorted(map(variant.col, range(16))) == list(range(16))
+    perm = sd.column_permutation(variant, 256)
+    assert sorted(perm) == list(range(256)) and all(perm // 16 == np.arange(256) // 16)
 
 
 def test_thread_view_matches_documented_layouts():
     """The layout simulator reproduces Mosaic's documented WGMMA assignments (PTX
     ``wgmma-64n16-d``), including replicated lane and warp dims."""
-    wgmma = sd.thread_view(mgpu.WGMMA_LAYOUT, (128, 64), 0, 5)
+    wgmma = sl.thread_view(mgpu.WGMMA_LAYOUT, (128, 64), 0, 5)
     zero = (0,) * 9
     assert [wgmma[(zero, v)] for v in (0, 1)] == [(1, 2), (1, 3)]
-    assert sd.thread_view(mgpu.WGMMA_LAYOUT, (128, 64), 1, 0)[(zero, 0)] == (16, 0)
+    assert sl.thread_view(mgpu.WGMMA_LAYOUT, (128, 64), 1, 0)[(zero, 0)] == (16, 0)
     for warp, lane in ((0, 0), (2, 13), (3, 31)):
-        rows = set(sd.thread_view(mgpu.WGMMA_ROW_LAYOUT, (64,), warp, lane).values())
+        rows = set(sl.thread_view(mgpu.WGMMA_ROW_LAYOUT, (64,), warp, lane).values())
         assert rows == {(16 * warp + lane // 4,), (16 * warp + lane // 4 + 8,)}
-        cols = set(sd.thread_view(mgpu.WGMMA_COL_LAYOUT, (16,), warp, lane).values())
+        cols = set(sl.thread_view(mgpu.WGMMA_COL_LAYOUT, (16,), warp, lane).values())
         assert cols == {(2 * (lane % 4) + d,) for d in (0, 1, 8, 9)}
 
 
+def _threads():
+    return [(w, lane) for w in range(4) for lane in range(32)]
+
+
+def _stored_tile(variant, codes, tile_k):
+    """Packs logical codes (128 output columns, tile_k contraction) as the weight is
+    stored: fprop (tile_k/2, 128) packed along K, dgrad (64, tile_k) packed along N."""
+    c = codes.T if variant.name == "fprop" else codes  # the packed axis first
+    return (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
+
+
 @pytest.mark.parametrize("tile_k", [128, 256])
-def test_decode_renaming_is_the_same_in_every_thread(tile_k):
-    """Every thread's A registers come from the same (code register, byte, scale
-    register) of its own loads, so the kernel's one renaming (thread 0's) is right for
-    all 128 threads; each A register pair is one byte (two K elements) of one column."""
-    plan = sd.decode_plan(tile_k)
-    assert len(plan) == sd.WG_ROWS * tile_k // 2 // 128
-    for warp in range(4):
-        for lane in range(32):
-            assert sd.decode_plan(tile_k, warp, lane) == plan, (warp, lane)
+@pytest.mark.parametrize("variant", list(sl.VARIANTS.values()), ids=list(sl.VARIANTS))
+def test_gpu_decode_emulated_for_every_thread(variant, tile_k):
+    """The GPU decode, emulated in numpy for all 128 threads with thread 0's renaming
+    (as the kernel does): each thread's loads (`thread_view` of the code and scale
+    layouts) decode into exactly the A registers the WGMMA layout gives it, i.e. A row
+    rho, column κ is e2m1 · s · 2**-8 of output column ``row(rho)`` and contraction
+    column `column_permutation` [κ]. The interpret-mode decode gives the same values in
+    the natural row order."""
+    rng = np.random.default_rng(tile_k)
+    codes = rng.integers(0, 16, (sl.WG_ROWS, tile_k))
+    scale_bits = rng.integers(0, 0x7F, (sl.WG_ROWS // 16, tile_k // 16)).astype(np.uint8)
+    tile = _stored_tile(variant, codes, tile_k)
+    s_tile = scale_bits.T if variant.name == "fprop" else scale_bits
+    s = scale_bits.view(ml_dtypes.float8_e4m3fn).astype(np.float64).repeat(16, 0).repeat(16, 1)
+    perm = sd.column_permutation(variant, tile_k)
+    rows = np.array([variant.row(r) for r in range(sl.WG_ROWS)])
+    want = (_E2M1[codes] * s * 2.0**-8)[:, perm]  # natural rows, permuted columns
+    plan = sl.decode_plan(variant, tile_k)
+    got = np.full((sl.WG_ROWS, tile_k), np.nan)
+    for warp, lane in _threads():
+        words, sbytes = {}, {}
+        for (reg, pos), idx in sl.thread_view(variant.codes, tile.shape, warp, lane).items():
+            words[reg] = words.get(reg, 0) | int(tile[idx]) << (8 * pos)
+        for key, idx in sl.thread_view(variant.scales, s_tile.shape, warp, lane).items():
+            sbytes[key] = s_tile[idx]
+        a = sl.thread_view(mgpu.WGMMA_LAYOUT, (sl.WG_ROWS, tile_k), warp, lane)
+        for dst, (src, sel, skey) in plan.items():
+            factor = _scale_factor(sbytes[skey]).astype(np.float64)
+            for v, val in enumerate(_decode_word(np.array([words[src]], np.uint64), sel)):
+                got[a[(dst, v)]] = val[0] * factor
+    np.testing.assert_array_equal(got, want[rows])
+    interp = sd.decode_tile(variant, jnp.asarray(tile), jnp.asarray(s_tile), interpret=True)
+    np.testing.assert_array_equal(np.asarray(interp, np.float64), want)
 
 
 @pytest.mark.parametrize("m", [8, 16, 40, 64])
-def test_store_renaming_is_the_same_in_every_thread(m):
-    plan = sd.store_plan(m)
-    for warp in range(4):
-        for lane in range(32):
-            assert sd.store_plan(m, warp, lane) == plan, (warp, lane)
+@pytest.mark.parametrize("variant", list(sl.VARIANTS.values()), ids=list(sl.VARIANTS))
+def test_store_emulated_for_every_thread(variant, m):
+    """The transposed store, emulated for all threads with thread 0's renaming: output
+    (mm, n) receives accumulator element (row⁻¹(n), mm), every element exactly once."""
+    acc = np.arange(sl.WG_ROWS * m, dtype=np.float64).reshape(sl.WG_ROWS, m)
+    plan = sl.store_plan(variant, m)
+    out = np.full((m, sl.WG_ROWS), np.nan)
+    for warp, lane in _threads():
+        a = sl.thread_view(mgpu.WGMMA_LAYOUT, (sl.WG_ROWS, m), warp, lane)
+        o = sl.thread_view(variant.out, (m, sl.WG_ROWS), warp, lane)
+        for dst, srcs in plan.items():
+            for pos, src in enumerate(srcs):
+                assert np.isnan(out[o[(dst, pos)]])
+                out[o[(dst, pos)]] = acc[a[src]]
+    rows = [variant.row(r) for r in range(sl.WG_ROWS)]
+    np.testing.assert_array_equal(out[:, rows], acc.T)
 
 
-def test_code_loads_are_bank_conflict_free():
-    """Under the 128-byte swizzle of the (tile_k/2, 128) code tile, the 32 lanes of a
-    warp read 32 different banks with every 32-bit load."""
-    layout = sd.MGPU_LAYOUTS["codes"]
+@pytest.mark.parametrize("variant", list(sl.VARIANTS.values()), ids=list(sl.VARIANTS))
+def test_code_loads_are_bank_conflict_free(variant):
+    """Under the 128-byte swizzle of the code tile (8-row × 128-byte tiles), the 32
+    lanes of a warp read 32 different banks with every 32-bit load."""
+    shape = variant.codes_shape(128)
     for warp in range(4):
-        views = [sd.thread_view(layout, (64, sd.WG_ROWS), warp, lane) for lane in range(32)]
+        views = [sl.thread_view(variant.codes, shape, warp, lane) for lane in range(32)]
         for reg in {r for r, _ in views[0]}:
             banks = set()
             for v in views:
-                j, n = v[(reg, 0)]
-                chunk = (n // 16) ^ (j % 8)  # the 16-byte chunk after the swizzle
-                banks.add((4 * chunk + (n % 16) // 4) % 32)
+                row, col = v[(reg, 0)]
+                chunk = ((col % 128) // 16) ^ (row % 8)  # the 16-byte chunk after the swizzle
+                banks.add((4 * chunk + (col % 16) // 4) % 32)
             assert len(banks) == 32, (warp, reg)
 
 
-def _operands(m, n, k, *, exact=False, seed=0):
-    """(X rowwise, W 16×16 tiles) of an fprop GEMM; ``exact``: E2M1-grid values with a
-    ±6 in every 16-block (scales 448, every float32 sum exact for K <= 512)."""
+def _operands(m, n, k, *, layout="fprop", exact=False, seed=0):
+    """(X or dY rowwise, W or W.mT in 16×16 tiles) with output (m, n), contraction k.
+
+    ``exact``: E2M1-grid values with a ±6 in every 16-block (scales 448, every float32
+    sum exact for K <= 512); else normal values over 12 binades (the 16×16 tiles' scales
+    differ, so a wrong scale shows).
+    """
     if exact:
         grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
 
@@ -159,8 +227,13 @@ def _operands(m, n, k, *, exact=False, seed=0):
             return x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
     else:
         def data(shape, s):
-            return jax.random.normal(jax.random.key(s), shape, jnp.float32)
-    return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0, block_2d=True)
+            k1, k2 = jax.random.split(jax.random.key(s))
+            return jax.random.normal(k1, shape) * jnp.exp2(
+                jax.random.uniform(k2, shape, minval=-6, maxval=6))
+    x = quantize(data((m, k), seed))
+    if layout == "fprop":
+        return x, quantize(data((k, n), seed + 1), axis=0, block_2d=True)
+    return x, quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT
 
 
 def _compare(got, want):
@@ -191,18 +264,22 @@ def _check(r, exact, dtype):
 # name -> ((m, n, k), exact inputs, preferred_element_type, config): several column
 # tiles and K splits per persistent CTA, several K steps, M padded to a multiple of 8.
 INTERPRET_CASES = {
-    "m16_splitk_f32": ((16, 512, 512), False, "float32",
+    "m16_splitk_f32": ((16, 512, 512), "fprop", False, "float32",
                        SkinnyConfig(k_splits=2, num_sms=2, max_concurrent_steps=2)),
-    "m48_exact": ((48, 256, 512), True, "float32", SkinnyConfig(k_splits=2, num_sms=2)),
-    "m1_bf16": ((1, 256, 256), False, "bfloat16", SkinnyConfig(k_splits=1, num_sms=2)),
-    "m7_f16_splitk": ((7, 256, 256), False, "float16", SkinnyConfig(k_splits=2, num_sms=2)),
-    "m33_exact_bf16": ((33, 256, 256), True, "bfloat16", SkinnyConfig(k_splits=1, num_sms=1)),
+    "m48_exact": ((48, 256, 512), "fprop", True, "float32", SkinnyConfig(k_splits=2, num_sms=2)),
+    "m1_bf16": ((1, 256, 256), "fprop", False, "bfloat16", SkinnyConfig(k_splits=1, num_sms=2)),
+    "m7_f16_tk256": ((7, 256, 256), "fprop", False, "float16",
+                     SkinnyConfig(tile_k=256, k_splits=1, num_sms=1)),
+    "dgrad_m16_splitk_f32": ((16, 512, 512), "dgrad", False, "float32",
+                             SkinnyConfig(k_splits=2, num_sms=2, max_concurrent_steps=2)),
+    "dgrad_m33_exact_bf16": ((33, 256, 256), "dgrad", True, "bfloat16",
+                             SkinnyConfig(k_splits=1, num_sms=1)),
 }
 
 
 def _run_case(name):
-    (m, n, k), exact, dtype, cfg = INTERPRET_CASES[name]
-    lhs, rhs = _operands(m, n, k, exact=exact)
+    (m, n, k), layout, exact, dtype, cfg = INTERPRET_CASES[name]
+    lhs, rhs = _operands(m, n, k, layout=layout, exact=exact)
     got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True)
     return _compare(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
 
@@ -222,26 +299,51 @@ def _interpret_results():
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
 def test_interpret_matches_reference(name):
-    _, exact, dtype, _ = INTERPRET_CASES[name]
+    _, _, exact, dtype, _ = INTERPRET_CASES[name]
     _check(_interpret_results()[name], exact, dtype)
 
 
-def _abstract(m, n, k):
-    return jax.eval_shape(lambda: _operands(m, n, k))
+def _abstract(m, n, k, layout="fprop"):
+    return jax.eval_shape(lambda: _operands(m, n, k, layout=layout))
+
+
+def _lowered(lhs, rhs, **kw) -> str:
+    f = jax.jit(functools.partial(gemm.matmul, **kw))
+    return f.trace(lhs, rhs).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_lowers_for_cuda():
     """The Mosaic GPU lowering (layouts, register renamings, transforms, TMA boxes)
-    runs on a CPU host for the decode shapes, padded M and every output dtype."""
-    for (m, n, k), dtype, cfg in [
-        ((16, 8192, 8192), jnp.bfloat16, None),
-        ((64, 8192, 8192), jnp.float32, None),
-        ((1, 512, 1024), jnp.float16, SkinnyConfig(k_splits=1, max_concurrent_steps=2)),
-        ((40, 256, 1024), jnp.float32, SkinnyConfig(tile_k=256, k_splits=2)),
+    runs on a CPU host for the decode shapes, padded M, both layouts, every output
+    dtype and both tile sizes."""
+    for (m, n, k), layout, dtype, cfg in [
+        ((16, 8192, 8192), "fprop", jnp.bfloat16, None),
+        ((64, 8192, 8192), "fprop", jnp.float32, None),
+        ((16, 8192, 8192), "dgrad", jnp.bfloat16, None),
+        ((1, 512, 1024), "fprop", jnp.float16, SkinnyConfig(k_splits=1, max_concurrent_steps=2)),
+        ((40, 256, 1024), "fprop", jnp.float32, SkinnyConfig(tile_k=256, k_splits=2)),
+        ((5, 256, 1024), "dgrad", jnp.float16, SkinnyConfig(tile_k=256, k_splits=2)),
     ]:
-        lhs, rhs = _abstract(m, n, k)
-        f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype))
-        f.trace(lhs, rhs).lower(lowering_platforms=("cuda",))
+        assert "fp4jax_gemm_skinny" in _lowered(*_abstract(m, n, k, layout), config=cfg,
+                                                preferred_element_type=dtype)
+
+
+def test_dispatch():
+    """The default takes the skinny kernel for M <= 64 with a 16×16-tiled 2D weight
+    (fprop W, dgrad W.mT), and the general kernel otherwise (1D-blocked weight, M > 64,
+    N not a multiple of 256); `supports` takes all of them."""
+    x, w = jax.ShapeDtypeStruct((16, 512), jnp.float32), jax.ShapeDtypeStruct((512, 512),
+                                                                            jnp.float32)
+    qx, qw, qw_t, qw_1d = jax.eval_shape(lambda a, b: (
+        quantize(a), quantize(b, axis=0, block_2d=True),
+        quantize(b, axis=0, block_2d=True).mT, quantize(b, axis=0)), x, w)
+    for rhs, skinny in ((qw, True), (qw_t, True), (qw_1d, False)):
+        assert gemm.supports(qx, rhs) is None
+        assert ("fp4jax_gemm_skinny" in _lowered(qx, rhs)) == skinny
+    for m, n in ((128, 512), (16, 384)):
+        lhs, rhs = _abstract(m, n, 512)
+        assert gemm.supports(lhs, rhs) is None
+        assert "fp4jax_gemm_skinny" not in _lowered(lhs, rhs)
 
 
 def test_default_config_takes_the_skinny_kernel():
@@ -254,26 +356,15 @@ def test_default_config_takes_the_skinny_kernel():
     assert not isinstance(default_config(16, 8192 + 128, 8192), SkinnyConfig)  # N % 256
 
 
-def test_other_layouts_keep_the_general_kernel():
-    """dgrad (W.mT), 1D-blocked weights and batched operands are not the skinny
-    kernel's layout: `supports` still takes them, through the general kernel."""
-    x, w = jax.ShapeDtypeStruct((16, 512), jnp.float32), jax.ShapeDtypeStruct((512, 512),
-                                                                            jnp.float32)
-    qx, qw_t, qw_1d = jax.eval_shape(lambda a, b: (
-        quantize(a), quantize(b, axis=0, block_2d=True).mT, quantize(b, axis=0)), x, w)
-    for rhs in (qw_t, qw_1d):
-        assert gemm.supports(qx, rhs) is None
-        assert jax.eval_shape(gemm.matmul, qx, rhs).shape == (16, 512)
-
-
-@pytest.mark.parametrize("mnk, cfg, match", [
-    ((16, 512, 1024), SkinnyConfig(k_splits=16), "tile_k·k_splits"),
-    ((16, 384, 1024), SkinnyConfig(), "multiple of 256"),
-    ((128, 512, 1024), SkinnyConfig(), "M <= 64"),
+@pytest.mark.parametrize("mnk, layout, cfg, match", [
+    ((16, 512, 1024), "fprop", SkinnyConfig(k_splits=16), "tile_k·k_splits"),
+    ((16, 384, 1024), "fprop", SkinnyConfig(), "multiple of 256"),
+    ((128, 512, 1024), "fprop", SkinnyConfig(), "M <= 64"),
+    ((16, 512, 1024), "dgrad", SkinnyConfig(k_splits=8), "multiple of 256"),
 ])
-def test_shapes_the_skinny_kernel_cannot_take(mnk, cfg, match):
+def test_shapes_the_skinny_kernel_cannot_take(mnk, layout, cfg, match):
     """An explicit SkinnyConfig the operands do not fit raises `supports`' reason."""
-    lhs, rhs = _abstract(*mnk)
+    lhs, rhs = _abstract(*mnk, layout)
     with pytest.raises(ValueError, match=match):
         jax.eval_shape(functools.partial(gemm.matmul, config=cfg), lhs, rhs)
 
@@ -292,30 +383,41 @@ def test_config_validation():
 gpu = pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")
 
 
+def _poison_allocator(nbytes: int):
+    """Fills and frees a NaN buffer so a fresh output likely reuses it (unwritten
+    elements then show as NaN)."""
+    junk = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
+    junk.block_until_ready()
+    junk.delete()
+
+
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fprop", "dgrad"])
 @pytest.mark.parametrize("mnk, dtype", [
     ((16, 8192, 8192), "bfloat16"), ((64, 8192, 8192), "float32"),
     ((1, 2048, 2048), "float32"), ((7, 1024, 4096), "float16"), ((33, 512, 1024), "float32"),
 ])
-def test_gpu_matches_reference(mnk, dtype):
-    lhs, rhs = _operands(*mnk, seed=sum(mnk))
+def test_gpu_matches_reference(layout, mnk, dtype):
+    """The default (skinny) kernel at the decode shapes and odd M, every output written."""
+    lhs, rhs = _operands(*mnk, layout=layout, seed=sum(mnk))
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
-    junk = jnp.full((mnk[0] * mnk[1],), jnp.nan, jnp.float32)  # poison the allocator
-    junk.block_until_ready()
-    junk.delete()
+    _poison_allocator(16 * mnk[0] * mnk[1])
     _check(_compare(gemm.matmul(lhs, rhs, preferred_element_type=dtype), want), False, dtype)
 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 40, 64])
-@pytest.mark.parametrize("k_splits", [1, 2])
-def test_gpu_bitwise_when_sums_are_exact(m, k_splits):
-    lhs, rhs = _operands(m, 1024, 512, exact=True)
+@pytest.mark.parametrize("layout", ["fprop", "dgrad"])
+@pytest.mark.parametrize("m, cfg", [
+    (16, SkinnyConfig(k_splits=1)), (40, SkinnyConfig(k_splits=2)),
+    (64, SkinnyConfig(tile_k=256, k_splits=1, max_concurrent_steps=3)),
+])
+def test_gpu_bitwise_when_sums_are_exact(layout, m, cfg):
+    lhs, rhs = _operands(m, 1024, 512, layout=layout, exact=True)
     want = jax.jit(ref_matmul)(lhs, rhs)
-    got = gemm.matmul(lhs, rhs, config=SkinnyConfig(k_splits=k_splits))
-    _check(_compare(got, want), True, "float32")
+    _poison_allocator(16 * m * 1024)
+    _check(_compare(gemm.matmul(lhs, rhs, config=cfg), want), True, "float32")
 
 
 if __name__ == "__main__" and "--interpret-worker" in sys.argv:
