@@ -260,18 +260,25 @@ def unsupported(lhs: NVFP4Array, rhs: NVFP4Array, cfg: SkinnyConfig) -> str | No
     return None
 
 
+def operands(lhs: NVFP4Array, rhs: NVFP4Array, out_dtype: Any
+             ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], Problem]:
+    """The kernel's operands ``(codes, scale bits, activations)`` and `Problem` for
+    operands `unsupported` accepts: the weight's arrays as stored (the ``.mT`` of dgrad
+    undone), the activations decoded (`decode_activations`)."""
+    m, n, k = lhs.shape[0], rhs.shape[1], lhs.padded_length
+    m_pad = -(-m // M_ALIGN) * M_ALIGN
+    variant = variant_of(rhs)
+    codes, scales = (rhs.data, rhs.scales) if variant == "fprop" else (rhs.data.T, rhs.scales.T)
+    x = decode_activations(lhs, m_pad, variant)
+    p = Problem(m_pad, n, k, jnp.dtype(out_dtype), variant)
+    return (codes, lax.bitcast_convert_type(scales, jnp.uint8), x), p
+
+
 def matmul(lhs: NVFP4Array, rhs: NVFP4Array, out_scale: jax.Array, cfg: SkinnyConfig,
            out_dtype: Any, interpret: bool) -> jax.Array:
     """``lhs @ rhs`` for operands `unsupported` accepts (`pallas_kernels.gemm.matmul`)."""
-    m, n = lhs.shape[0], rhs.shape[1]
-    k = lhs.padded_length
-    m_pad = -(-m // M_ALIGN) * M_ALIGN
-    variant = variant_of(rhs)
-    x = decode_activations(lhs, m_pad, variant)
-    codes, scales = (rhs.data, rhs.scales) if variant == "fprop" else (rhs.data.T, rhs.scales.T)
-    p = Problem(m_pad, n, k, jnp.dtype(out_dtype), variant)
-    out = call_kernel(codes, lax.bitcast_convert_type(scales, jnp.uint8), x, out_scale, p,
-                      cfg, interpret)
+    args, p = operands(lhs, rhs, out_dtype)
+    out = call_kernel(*args, out_scale, p, cfg, interpret)
     if cfg.k_splits > 1:
         out = (jnp.sum(out, axis=0) * out_scale[0]).astype(out_dtype)
-    return out[:m] if m_pad != m else out
+    return out[:lhs.shape[0]] if p.m != lhs.shape[0] else out

@@ -1,7 +1,8 @@
 """Benchmark of the skinny NVFP4 GEMM on decode-like shapes: one command, one table.
 
 ``python -m pallas_kernels.gemm_skinny_bench [--sweep]`` times, for M in 1, 16, 64, 128
-and N = K = 8192 and 2048 (fprop: X rowwise @ W in 16×16 tiles; BF16 output):
+and N = K = 8192 and 2048 (fprop: X rowwise @ W in 16×16 tiles; BF16 output), and for
+M <= 64 at N = K = 8192 in the dgrad layout (dY rowwise @ W.mT):
 
 * BF16 ``jnp.dot`` on BF16 operands of the same shapes,
 * the XLA path (decode to BF16 + ``lax.dot_general``, `pallas_kernels.gemm.reference`),
@@ -13,7 +14,8 @@ and N = K = 8192 and 2048 (fprop: X rowwise @ W in 16×16 tiles; BF16 output):
 
 every time the median of batched calls cycling enough weight copies to defeat the L2.
 It then checks the skinny kernel bit for bit against the XLA path on exact-sum data
-and, with ``--sweep``, times a few `SkinnyConfig` variants at M = 16 and 64.
+and, with ``--sweep``, times a few `SkinnyConfig` variants (fprop M = 16 and 64, dgrad
+M = 16).
 """
 
 from __future__ import annotations
@@ -45,16 +47,12 @@ def _floor_bytes(m: int, n: int, k: int) -> int:
 
 def _kernel_only(lhs, rhs, cfg, interpret):
     """The skinny kernel's launch alone on prepared operands (no XLA passes)."""
-    m, n, k = lhs.shape[0], rhs.shape[1], lhs.padded_length
-    m_pad = -(-m // gemm_skinny.M_ALIGN) * gemm_skinny.M_ALIGN
-    x = gemm_skinny.decode_activations(lhs, m_pad)
-    ws = jax.lax.bitcast_convert_type(rhs.scales, jnp.uint8)
-    p = gemm_skinny.Problem(m_pad, n, k, jnp.dtype(jnp.bfloat16))
-    f = jax.jit(lambda d, s, xx, o: gemm_skinny.call_kernel(d, s, xx, o, p, cfg, interpret))
-    return f, (rhs.data, ws, x, jnp.ones((1,), jnp.float32))
+    args, p = gemm_skinny.operands(lhs, rhs, jnp.bfloat16)
+    f = jax.jit(lambda *a: gemm_skinny.call_kernel(*a, p, cfg, interpret))
+    return f, (*args, jnp.ones((1,), jnp.float32))
 
 
-def _exact_operands(quantize, m, n, k, seed):
+def _exact_operands(quantize, layout, m, n, k, seed):
     """E2M1-grid data with a ±6 in every 16-block: scales 448, float32 sums exact (K <= 512)."""
     grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
 
@@ -64,7 +62,11 @@ def _exact_operands(quantize, m, n, k, seed):
             jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
         return x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
 
-    return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0, block_2d=True)
+    if layout == "fprop":
+        return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0,
+                                                      block_2d=True)
+    return quantize(data((m, k), seed)), quantize(data((n, k), seed + 1), axis=0,
+                                                  block_2d=True).mT
 
 
 def _measure(row: dict, key, fn, *args) -> None:
@@ -95,15 +97,41 @@ def _print_table(rows: list[dict]) -> None:
         v = r.get(key)
         return f"{v:{fmt}}" if isinstance(v, float) else f"{'-' if v is None else 'err':>7}"
 
-    print(f"\n{'M x N x K':>16} {'bf16':>7} {'xla':>7} {'old':>7} {'new':>7} {'kernel':>7} "
-          f"{'floor':>7} {'x bf16':>7} {'rel.err':>8}   (ms; x bf16 = bf16 / new)")
+    print(f"\n{'layout':>6} {'M x N x K':>16} {'bf16':>7} {'xla':>7} {'old':>7} {'new':>7} "
+          f"{'kernel':>7} {'floor':>7} {'x bf16':>7} {'rel.err':>8}   (ms; x bf16 = bf16/new)")
     for r in rows:
         ratio = (r["bf16_ms"] / r["new_ms"]
                  if all(isinstance(r.get(k), float) for k in ("bf16_ms", "new_ms")) else None)
-        print(f"{r['m']:>5} x {r['n']} x {r['k']:<4} " + " ".join(
+        print(f"{r['layout']:>6} {r['m']:>5} x {r['n']} x {r['k']:<4} " + " ".join(
             cell(r, k) for k in ("bf16_ms", "xla_ms", "old_ms", "new_ms", "kernel_ms",
                                  "floor_ms"))
             + f" {cell({'x': ratio}, 'x', '7.2f')} {cell(r, 'rel_err', '8.1e')}")
+
+
+def _row(layout, m, nk, x16, w16, qx, qw, bw, interpret) -> dict:
+    """One table row: every implementation of one (layout, M, N = K = nk) GEMM."""
+    q = interpret
+    dgrad = layout == "dgrad"
+    bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b.T if dgrad else b,
+                                            preferred_element_type=jnp.bfloat16))
+    xla = jax.jit(functools.partial(gemm.reference, preferred_element_type=jnp.bfloat16))
+    ours = functools.partial(gemm.matmul, preferred_element_type=jnp.bfloat16,
+                             interpret=interpret)
+    ops = [(x, w.mT if dgrad else w) for x, w in zip(qx, qw, strict=True)]
+    row = {"layout": layout, "m": m, "n": nk, "k": nk,
+           "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3}
+    old = functools.partial(ours, config=default_config(m, nk, nk, skinny=False))
+    cfg = default_config(m, nk, nk)
+    _measure(row, "bf16_ms", _ms, bf16_dot, list(zip(x16, w16, strict=True)), q)
+    _measure(row, "xla_ms", _ms, xla, ops, q)
+    _measure(row, "old_ms", _ms, old, ops, q)
+    if isinstance(cfg, SkinnyConfig):
+        _measure(row, "new_ms", _ms, ours, ops, q)
+        kernel, args = _kernel_only(*ops[0], cfg, interpret)
+        _measure(row, "kernel_ms", _ms, kernel, [args], q)
+        _measure(row, "rel_err", _rel_err, ours, xla, ops[0])
+    print(row, flush=True)
+    return row
 
 
 def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 128),
@@ -120,43 +148,29 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
     print(f"{env['device']}, jax {env['jax']}, {env['date']}", flush=True)
     big = jnp.zeros((64, 1024) if interpret else (8192, 16384), jnp.bfloat16)
     bw = 2 * big.nbytes / timing.copy_seconds(big, warmup=2, iters=10, reps=10)
-    q = interpret
     del big
     print(f"HBM copy bandwidth (XLA x+1): {bw / 1e9:.0f} GB/s", flush=True)
-    bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
-    xla = jax.jit(functools.partial(gemm.reference, preferred_element_type=jnp.bfloat16))
-    ours = functools.partial(gemm.matmul, preferred_element_type=jnp.bfloat16,
-                             interpret=interpret)
     rows = []
     for nk in sizes:
         copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
         keys = jax.random.split(jax.random.key(nk), copies)
         w16 = [jax.random.normal(kk, (nk, nk), jnp.bfloat16) for kk in keys]
         qw = [quantize(w, axis=0, block_2d=True) for w in w16]
-        for m in ms:
-            x16 = [jax.random.normal(jax.random.key(m + i), (m, nk), jnp.bfloat16)
-                   for i in range(copies)]
-            ops = list(zip([quantize(x) for x in x16], qw, strict=True))
-            row = {"m": m, "n": nk, "k": nk, "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3}
-            dense = list(zip(x16, w16, strict=True))
-            old = functools.partial(ours, config=default_config(m, nk, nk, skinny=False))
-            cfg = default_config(m, nk, nk)
-            _measure(row, "bf16_ms", _ms, bf16_dot, dense, q)
-            _measure(row, "xla_ms", _ms, xla, ops, q)
-            _measure(row, "old_ms", _ms, old, ops, q)
-            if isinstance(cfg, SkinnyConfig):
-                _measure(row, "new_ms", _ms, ours, ops, q)
-                kernel, args = _kernel_only(*ops[0], cfg, interpret)
-                _measure(row, "kernel_ms", _ms, kernel, [args], q)
-                _measure(row, "rel_err", _rel_err, ours, xla, ops[0])
-            rows.append(row)
-            print(row, flush=True)
+        for layout in ("fprop", "dgrad") if nk == sizes[0] else ("fprop",):
+            for m in ms if layout == "fprop" else [m for m in ms if m <= 64]:
+                x16 = [jax.random.normal(jax.random.key(m + i), (m, nk), jnp.bfloat16)
+                       for i in range(copies)]
+                qx = [quantize(x) for x in x16]
+                rows.append(_row(layout, m, nk, x16, w16, qx, qw, bw, interpret))
         del w16, qw
     exact = {}
-    for m in [m for m in ms if m <= 64]:
-        lhs, rhs = _exact_operands(quantize, m, 1024 // (4 if interpret else 1), 512, seed=m)
-        _measure(exact, m, _bitwise, functools.partial(gemm.matmul, interpret=interpret),
-                 jax.jit(gemm.reference), (lhs, rhs))
+    for layout in ("fprop", "dgrad"):
+        for m in [m for m in ms if m <= 64]:
+            lhs, rhs = _exact_operands(quantize, layout, m, 1024 // (4 if interpret else 1),
+                                       512, seed=m)
+            _measure(exact, (layout, m), _bitwise,
+                     functools.partial(gemm.matmul, interpret=interpret),
+                     jax.jit(gemm.reference), (lhs, rhs))
     print(f"\nbitwise == XLA path on exact-sum data (M x 1024 x 512, float32): {exact}")
     _print_table(rows)
     if "--sweep" in argv:
@@ -165,28 +179,29 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
 
 
 def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
-    """Times `SkinnyConfig` variants at M = 16 and 64, N = K = ``nk`` (for the defaults)."""
+    """Times `SkinnyConfig` variants at N = K = ``nk``: fprop M = 16 and 64, dgrad M = 16."""
     base = default_config(16, nk, nk)
     variants = [base] + [dataclasses.replace(base, **kw) for kw in (
         {"k_splits": 2 * base.k_splits}, {"k_splits": max(1, base.k_splits // 2)},
         {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
         {"tile_k": 256, "max_concurrent_steps": 4},
         {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3})]
+    variants = list(dict.fromkeys(variants))  # distinct, in order
     copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
     qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),
                    axis=0, block_2d=True) for i in range(copies)]
     print(f"\nsweep (N = K = {nk}, BF16 output, ms per call):", flush=True)
-    for m in (16, 64):
-        ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, nk))), w)
-               for i, w in enumerate(qw)]
+    for layout, m in (("fprop", 16), ("fprop", 64), ("dgrad", 16)):
+        ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, nk))),
+                w if layout == "fprop" else w.mT) for i, w in enumerate(qw)]
         for cfg in variants:
             f = functools.partial(gemm.matmul, config=cfg, preferred_element_type=jnp.bfloat16,
                                   interpret=interpret)
             row: dict = {}
             _measure(row, "ms", _ms, f, ops, interpret)
             t = row["ms"]
-            print(f"  M={m:>3} {t:8.4f}  {cfg}" if isinstance(t, float) else
-                  f"  M={m:>3} failed  {cfg}", flush=True)
+            print(f"  {layout} M={m:>3} {t:8.4f}  {cfg}" if isinstance(t, float) else
+                  f"  {layout} M={m:>3} failed  {cfg}", flush=True)
 
 
 if __name__ == "__main__":
