@@ -58,19 +58,31 @@ def _i32(x: int) -> ir.Value:
     return arith.constant(i32, ir.IntegerAttr.get(i32, x - 2**32 if x >= 2**31 else x))
 
 
-def _scale_factor(reg: ir.Value, pos: int) -> ir.Value:
-    """One E4M3 scale byte -> bf16x2 ``s · 2**118`` (exact).
+SCALE_EXP_BIAS = 127 + 118 - 10  # f32 exponent field of 2**(e - 10 + 118)
 
-    ``(b & 0x7F) << 7`` is the float16 pattern of ``s · 2**-8`` (subnormal scales
-    included); widening to float32 and multiplying by ``2**126`` is exact.
+
+def _scale_factor(reg: ir.Value, pos: int) -> ir.Value:
+    """One E4M3 scale byte -> bf16x2 ``s · 2**118`` (exact for every byte: signs,
+    subnormal scales, NaN).
+
+    ``s = mant · 2**(e - 10)`` with ``mant = m + 8`` and ``e`` the exponent field for a
+    normal scale, ``mant = m`` and ``e = 1`` for a subnormal one; ``mant`` converts to
+    float32 exactly and the power of two is built from its bits, so no subnormal number
+    is ever formed (the result is at least ``2**109``).
     """
-    i16 = ir.IntegerType.get_signless(16)
-    f16, f32, bf16 = ir.F16Type.get(), ir.F32Type.get(), ir.BF16Type.get()
-    b = arith.extui(i16, vector.extract(reg, [], [pos]))
-    bits = arith.shli(arith.andi(b, arith.constant(i16, 0x7F)), arith.constant(i16, 7))
-    s = arith.extf(f32, arith.bitcast(f16, bits))
-    s = arith.mulf(s, arith.constant(f32, ir.FloatAttr.get(f32, 2.0**126)))
-    return vector.broadcast(ir.VectorType.get((2,), bf16), arith.truncf(bf16, s))
+    i32, f32, bf16 = ir.IntegerType.get_signless(32), ir.F32Type.get(), ir.BF16Type.get()
+    b = arith.extui(i32, vector.extract(reg, [], [pos]))
+    e = arith.andi(arith.shrui(b, _i32(3)), _i32(15))
+    normal = arith.cmpi(arith.CmpIPredicate.ne, e, _i32(0))
+    mant = arith.ori(arith.andi(b, _i32(7)), arith.select(normal, _i32(8), _i32(0)))
+    pow2 = arith.shli(arith.addi(arith.select(normal, e, _i32(1)), _i32(SCALE_EXP_BIAS)),
+                      _i32(23))
+    s = arith.mulf(arith.uitofp(f32, mant), arith.bitcast(f32, pow2))
+    bits = arith.ori(arith.bitcast(i32, s), arith.shli(arith.andi(b, _i32(0x80)), _i32(24)))
+    nan = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(b, _i32(0x7F)), _i32(0x7F))
+    bits = arith.select(nan, _i32(0x7FC00000), bits)
+    s = arith.truncf(bf16, arith.bitcast(f32, bits))
+    return vector.broadcast(ir.VectorType.get((2,), bf16), s)
 
 
 def _decode_word(word: ir.Value, selectors) -> list[ir.Value]:

@@ -70,8 +70,14 @@ def _decode_word(word, sel):
 
 def _scale_factor(b):
     """numpy mirror of `gemm_skinny_decode._scale_factor`: E4M3 bits -> s · 2**118."""
-    half = ((np.asarray(b, np.uint16) & 0x7F) << 7).view(np.float16)
-    return (half.astype(np.float32) * np.float32(2.0**126)).astype(ml_dtypes.bfloat16)
+    b = np.asarray(b, np.uint32)
+    e, normal = (b >> 3) & 15, ((b >> 3) & 15) != 0
+    mant = (b & 7) | np.where(normal, 8, 0).astype(np.uint32)
+    pow2 = ((np.where(normal, e, 1) + sd.SCALE_EXP_BIAS) << 23).astype(np.uint32)
+    s = mant.astype(np.float32) * pow2.view(np.float32)
+    bits = s.view(np.uint32) | ((b & 0x80) << 24)
+    bits = np.where((b & 0x7F) == 0x7F, np.uint32(0x7FC00000), bits).astype(np.uint32)
+    return bits.view(np.float32).astype(ml_dtypes.bfloat16)
 
 
 def test_word_decode_recipe():
@@ -91,15 +97,14 @@ def test_word_decode_recipe():
 
 
 def test_scale_factor_recipe():
-    """The float16 pattern ``(b & 0x7F) << 7`` is the E4M3 scale times 2**-8 for every
-    finite scale (subnormals included), so the factor is s · 2**118 and e2m1 · 2**-126
-    times it is e2m1 · s · 2**-8, exact in BF16."""
-    b = np.arange(0x7F, dtype=np.uint16)  # every finite non-negative E4M3 scale
-    s = b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    half = ((b & 0x7F) << 7).view(np.float16).astype(np.float64)
-    np.testing.assert_array_equal(half, s * 2.0**-8)
+    """For every E4M3 byte (subnormal, negative and NaN scales included) the factor is
+    s · 2**118, exact in BF16, and e2m1 · 2**-126 times it is e2m1 · s · 2**-8, exact."""
+    b = np.arange(256, dtype=np.uint8)
+    s = b.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     factor = _scale_factor(b).astype(np.float64)
-    np.testing.assert_array_equal(factor, s * 2.0**118)
+    np.testing.assert_array_equal(factor, s * 2.0**118)  # NaN where s is NaN
+    finite = ~np.isnan(s)
+    np.testing.assert_array_equal(np.signbit(factor[finite]), np.signbit(s[finite]))
     prod = (_E2M1[:, None] * 2.0**-126) * factor[None, :]
     np.testing.assert_array_equal(prod.astype(ml_dtypes.bfloat16).astype(np.float64),
                                   _E2M1[:, None] * s[None, :] * 2.0**-8)
@@ -151,6 +156,7 @@ def test_gpu_decode_emulated_for_every_thread(variant, tile_k):
     rng = np.random.default_rng(tile_k)
     codes = rng.integers(0, 16, (sl.WG_ROWS, tile_k))
     scale_bits = rng.integers(0, 0x7F, (sl.WG_ROWS // 16, tile_k // 16)).astype(np.uint8)
+    scale_bits[0, :8] = np.arange(8)  # zero and subnormal scales
     tile = _stored_tile(variant, codes, tile_k)
     s_tile = scale_bits.T if variant.name == "fprop" else scale_bits
     s = scale_bits.view(ml_dtypes.float8_e4m3fn).astype(np.float64).repeat(16, 0).repeat(16, 1)
