@@ -53,14 +53,18 @@ def _kernel_only(lhs, rhs, cfg, interpret):
 
 
 def _exact_operands(quantize, layout, m, n, k, seed):
-    """E2M1-grid data with a ±6 in every 16-block: scales 448, float32 sums exact (K <= 512)."""
+    """E2M1-grid data times 2**t per 16×16 tile (t = 0 or 1) with a ±6·2**t in every
+    16-block: scales 224 or 448, every float32 sum exact for K <= 512 (see
+    tests/kernels/test_gemm_skinny.py)."""
     grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
 
     def data(shape, s):
-        k1, k2 = jax.random.split(jax.random.key(s))
+        k1, k2, k3 = jax.random.split(jax.random.key(s), 3)
         x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
             jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
-        return x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
+        x = x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
+        t = jax.random.randint(k3, (-(-shape[0] // 16), shape[1] // 16), 0, 2)
+        return x * jnp.exp2(t.astype(jnp.float32)).repeat(16, 0)[:shape[0]].repeat(16, 1)
 
     if layout == "fprop":
         return quantize(data((m, k), seed)), quantize(data((k, n), seed + 1), axis=0,
