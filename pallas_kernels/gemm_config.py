@@ -148,12 +148,16 @@ class SkinnyConfig:
       k_splits: CTAs that split K (``N/256 · k_splits`` CTAs in all); the float32
         partial sums are added outside the kernel.
       num_sms: CTAs of the persistent grid; ``None``: one per SM.
+      k_substeps: decode and multiply each step's tile in this many parts along K
+        (``tile_k / k_substeps`` a multiple of 64), issuing each part's ``wgmma``
+        before decoding the next, so the tensor cores overlap the decode.
     """
 
     tile_k: int = 128
     max_concurrent_steps: int = 6
     k_splits: int = 4
     num_sms: int | None = None
+    k_substeps: int = 1
 
     def __post_init__(self):
         if self.tile_k <= 0 or self.tile_k % 128:
@@ -164,6 +168,9 @@ class SkinnyConfig:
             raise ValueError(f"k_splits={self.k_splits} must be >= 1")
         if self.num_sms is not None and self.num_sms < 1:
             raise ValueError(f"num_sms={self.num_sms} must be >= 1")
+        if self.k_substeps < 1 or self.tile_k % (64 * self.k_substeps):
+            raise ValueError(f"tile_k={self.tile_k} must be a multiple of 64·k_substeps "
+                             f"(k_substeps={self.k_substeps})")
 
     @property
     def cta_tile_m(self) -> int:

@@ -108,6 +108,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
     """
     variant = sl.VARIANTS[p.variant]
     tk, rows, fprop = cfg.tile_k, WG_ROWS, p.variant == "fprop"
+    tks = tk // cfg.k_substeps
     n_iters = p.n // SKINNY_CTA_N
     kps = p.k // cfg.k_splits  # contraction per split
     in_specs = _in_specs(p, tk)
@@ -156,17 +157,20 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
                     sd.store_tile(variant, acc, out_tile, interpret=interpret)
 
             def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
-                if fprop:
-                    codes, scales = w_smem.at[:, wg_rows], ws_smem.at[:, wg_scales]
-                else:
-                    col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK
-                    codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2)]
-                    scales = ws_smem.at[wg_scales, pl.ds(col, tk // BLOCK)]
-                a = sd.decode_tile(variant, codes, scales, interpret=interpret)
-                if interpret:  # interpret-mode wgmma takes SMEM operands only
-                    a_smem.at[wg][...] = a
-                    a = a_smem.at[wg]
-                plgpu.wgmma(acc_ref, a, x_smem.T)
+                # k_substeps parts: the tensor cores multiply one while the next decodes.
+                for h in range(cfg.k_substeps):
+                    if fprop:
+                        codes = w_smem.at[pl.ds(h * tks // 2, tks // 2), wg_rows]
+                        scales = ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), wg_scales]
+                    else:
+                        col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
+                        codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2), pl.ds(h * tks, tks)]
+                        scales = ws_smem.at[wg_scales, pl.ds(col, tks // BLOCK)]
+                    a = sd.decode_tile(variant, codes, scales, interpret=interpret)
+                    if interpret:  # interpret-mode wgmma takes SMEM operands only
+                        a_smem.at[wg][...] = a
+                        a = a_smem.at[wg]
+                    plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
                 plgpu.wgmma_wait(0)
                 return acc_ref
 
@@ -200,7 +204,7 @@ def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
     split = cfg.k_splits > 1
     out_dtype = jnp.float32 if split else p.out_dtype
     out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
-    a_shape = (2, WG_ROWS, cfg.tile_k) if interpret else (1, 8, 64)  # unused on the GPU
+    a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
     num_tiles = cfg.k_splits * (p.n // SKINNY_CTA_N)
     grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
     kernel = plgpu.kernel(
@@ -257,6 +261,9 @@ def unsupported(lhs: NVFP4Array, rhs: NVFP4Array, cfg: SkinnyConfig) -> str | No
     if variant == "dgrad" and (k // cfg.k_splits) % (_SCALE_BLOCK * BLOCK):
         return (f"{shapes}: K/k_splits = {k // cfg.k_splits} must be a multiple of "
                 f"{_SCALE_BLOCK * BLOCK} (skinny kernel, W.mT)")
+    if variant == "dgrad" and (cfg.tile_k // cfg.k_substeps) % 128:
+        return (f"{shapes}: tile_k/k_substeps = {cfg.tile_k // cfg.k_substeps} must be a "
+                "multiple of 128 (skinny kernel, W.mT: whole 128-byte rows)")
     return None
 
 

@@ -189,7 +189,8 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
         {"k_splits": 2 * base.k_splits}, {"k_splits": max(1, base.k_splits // 2)},
         {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
         {"tile_k": 256, "max_concurrent_steps": 4},
-        {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3})]
+        {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3},
+        {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4})]
     variants = list(dict.fromkeys(variants))  # distinct, in order
     copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
     qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),

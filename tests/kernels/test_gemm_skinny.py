@@ -144,8 +144,9 @@ def _stored_tile(variant, codes, tile_k):
     return (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
 
 
-@pytest.mark.parametrize("tile_k", [128, 256])
-@pytest.mark.parametrize("variant", list(sl.VARIANTS.values()), ids=list(sl.VARIANTS))
+@pytest.mark.parametrize("variant, tile_k", [  # tile_k: a part of a step (k_substeps)
+    (sl.FPROP, 64), (sl.FPROP, 128), (sl.FPROP, 256), (sl.DGRAD, 128), (sl.DGRAD, 256)],
+    ids=["fprop-64", "fprop-128", "fprop-256", "dgrad-128", "dgrad-256"])
 def test_gpu_decode_emulated_for_every_thread(variant, tile_k):
     """The GPU decode, emulated in numpy for all 128 threads with thread 0's renaming
     (as the kernel does): each thread's loads (`thread_view` of the code and scale
@@ -156,7 +157,7 @@ def test_gpu_decode_emulated_for_every_thread(variant, tile_k):
     rng = np.random.default_rng(tile_k)
     codes = rng.integers(0, 16, (sl.WG_ROWS, tile_k))
     scale_bits = rng.integers(0, 0x7F, (sl.WG_ROWS // 16, tile_k // 16)).astype(np.uint8)
-    scale_bits[0, :8] = np.arange(8)  # zero and subnormal scales
+    scale_bits[:2, :4] = np.arange(8).reshape(2, 4)  # zero and subnormal scales
     tile = _stored_tile(variant, codes, tile_k)
     s_tile = scale_bits.T if variant.name == "fprop" else scale_bits
     s = scale_bits.view(ml_dtypes.float8_e4m3fn).astype(np.float64).repeat(16, 0).repeat(16, 1)
@@ -277,13 +278,15 @@ INTERPRET_CASES = {
     "m16_splitk_f32": ((16, 512, 512), "fprop", False, "float32",
                        SkinnyConfig(k_splits=2, num_sms=2, max_concurrent_steps=2)),
     "m48_exact": ((48, 256, 512), "fprop", True, "float32", SkinnyConfig(k_splits=2, num_sms=2)),
-    "m1_bf16": ((1, 256, 256), "fprop", False, "bfloat16", SkinnyConfig(k_splits=1, num_sms=2)),
+    "m1_bf16_substeps": ((1, 256, 256), "fprop", False, "bfloat16",
+                         SkinnyConfig(k_splits=1, num_sms=2, k_substeps=2)),
     "m7_f16_tk256": ((7, 256, 256), "fprop", False, "float16",
                      SkinnyConfig(tile_k=256, k_splits=1, num_sms=1)),
     "dgrad_m16_splitk_f32": ((16, 512, 512), "dgrad", False, "float32",
                              SkinnyConfig(k_splits=2, num_sms=2, max_concurrent_steps=2)),
-    "dgrad_m33_exact_bf16": ((33, 256, 256), "dgrad", True, "bfloat16",
-                             SkinnyConfig(k_splits=1, num_sms=1)),
+    "dgrad_m33_exact_bf16_substeps": ((33, 256, 256), "dgrad", True, "bfloat16",
+                                      SkinnyConfig(tile_k=256, k_splits=1, num_sms=1,
+                                                   k_substeps=2)),
 }
 
 
@@ -333,6 +336,9 @@ def test_lowers_for_cuda():
         ((1, 512, 1024), "fprop", jnp.float16, SkinnyConfig(k_splits=1, max_concurrent_steps=2)),
         ((40, 256, 1024), "fprop", jnp.float32, SkinnyConfig(tile_k=256, k_splits=2)),
         ((5, 256, 1024), "dgrad", jnp.float16, SkinnyConfig(tile_k=256, k_splits=2)),
+        ((16, 1024, 1024), "fprop", jnp.bfloat16, SkinnyConfig(k_substeps=2, k_splits=2)),
+        ((16, 1024, 1024), "dgrad", jnp.bfloat16,
+         SkinnyConfig(tile_k=256, k_substeps=2, k_splits=2, max_concurrent_steps=4)),
     ]:
         assert "fp4jax_gemm_skinny" in _lowered(*_abstract(m, n, k, layout), config=cfg,
                                                 preferred_element_type=dtype)
@@ -371,6 +377,7 @@ def test_default_config_takes_the_skinny_kernel():
     ((16, 384, 1024), "fprop", SkinnyConfig(), "multiple of 256"),
     ((128, 512, 1024), "fprop", SkinnyConfig(), "M <= 64"),
     ((16, 512, 1024), "dgrad", SkinnyConfig(k_splits=8), "multiple of 256"),
+    ((16, 512, 1024), "dgrad", SkinnyConfig(k_substeps=2, k_splits=1), "whole 128-byte rows"),
 ])
 def test_shapes_the_skinny_kernel_cannot_take(mnk, layout, cfg, match):
     """An explicit SkinnyConfig the operands do not fit raises `supports`' reason."""
@@ -384,6 +391,8 @@ def test_config_validation():
         SkinnyConfig(tile_k=64)
     with pytest.raises(ValueError, match="k_splits"):
         SkinnyConfig(k_splits=0)
+    with pytest.raises(ValueError, match="k_substeps"):
+        SkinnyConfig(tile_k=128, k_substeps=4)
 
 
 # ----------------------------------------------------------------------------------------
@@ -428,6 +437,8 @@ def test_gpu_matches_reference(layout, mnk):
     (16, SkinnyConfig(k_splits=1), "float32"), (40, SkinnyConfig(k_splits=2), "bfloat16"),
     (64, SkinnyConfig(tile_k=256, k_splits=1, max_concurrent_steps=3), "float32"),
     (1, None, "float16"),
+    (24, SkinnyConfig(tile_k=256, k_substeps=2, k_splits=1, max_concurrent_steps=3),
+     "float32"),
 ])
 def test_gpu_bitwise_when_sums_are_exact(layout, m, cfg, dtype):
     """Bit for bit the XLA path when every float32 sum is exact (scales differing from
