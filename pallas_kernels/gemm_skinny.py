@@ -261,6 +261,9 @@ def unsupported(lhs: NVFP4Array, rhs: NVFP4Array, cfg: SkinnyConfig) -> str | No
     if variant == "dgrad" and (k // cfg.k_splits) % (_SCALE_BLOCK * BLOCK):
         return (f"{shapes}: K/k_splits = {k // cfg.k_splits} must be a multiple of "
                 f"{_SCALE_BLOCK * BLOCK} (skinny kernel, W.mT)")
+    if variant == "dgrad" and cfg.tile_k > _SCALE_BLOCK * BLOCK:
+        return (f"{shapes}: tile_k={cfg.tile_k} must be at most {_SCALE_BLOCK * BLOCK} "
+                "(skinny kernel, W.mT: one scale box per step)")
     if variant == "dgrad" and (cfg.tile_k // cfg.k_substeps) % 128:
         return (f"{shapes}: tile_k/k_substeps = {cfg.tile_k // cfg.k_substeps} must be a "
                 "multiple of 128 (skinny kernel, W.mT: whole 128-byte rows)")

@@ -378,6 +378,7 @@ def test_default_config_takes_the_skinny_kernel():
     ((128, 512, 1024), "fprop", SkinnyConfig(), "M <= 64"),
     ((16, 512, 1024), "dgrad", SkinnyConfig(k_splits=8), "multiple of 256"),
     ((16, 512, 1024), "dgrad", SkinnyConfig(k_substeps=2, k_splits=1), "whole 128-byte rows"),
+    ((16, 512, 1024), "dgrad", SkinnyConfig(tile_k=512, k_splits=1), "at most 256"),
 ])
 def test_shapes_the_skinny_kernel_cannot_take(mnk, layout, cfg, match):
     """An explicit SkinnyConfig the operands do not fit raises `supports`' reason."""
