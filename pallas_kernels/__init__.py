@@ -7,7 +7,9 @@ One job per module (docs/ARCHITECTURE.md):
   (`quantize_rowwise_columnwise`, `supports`, `reference`, `main`).
 * `gemm`: the NVFP4 × NVFP4 GEMM (`matmul`, `supports`, `reference`, `main`);
   `gemm_config` its tuning, `gemm_kernel` the kernel body, `gemm_decode` the in-kernel
-  E2M1 decode.
+  E2M1 decode; `gemm_skinny` the kernel for M <= 64 (weight in registers, fprop and
+  dgrad), `gemm_skinny_layouts` / `gemm_skinny_decode` its register layouts and decode,
+  `gemm_skinny_bench` its benchmark table.
 * `amax`: the global-amax pass; `quantize_engines`: the quantize kernel body;
   `bit_tricks`: in-kernel elementwise numerics; `tma_pipeline`: the shared Mosaic GPU
   plumbing (layouts, TMA pipeline, grid, `num_sms`); `timing`: the one timer.

@@ -55,12 +55,13 @@ from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from pallas_kernels import gemm_decode as dec
-from pallas_kernels import gemm_kernel, timing
+from pallas_kernels import gemm_kernel, gemm_skinny, timing
 from pallas_kernels.gemm_config import (
     LARGE_CONFIG,
     MAX_PADDED_M,
     SKINNY_CONFIG,
     MatmulDimension,
+    SkinnyConfig,
     TuningConfig,
     default_config,
 )
@@ -72,8 +73,21 @@ def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
     return lax.slice_in_dim(s, 0, length, axis=axis)
 
 
+def _config(lhs: NVFP4Array, rhs: NVFP4Array,
+            config: TuningConfig | SkinnyConfig | None) -> TuningConfig | SkinnyConfig:
+    """``config``, or the default for the operands: the skinny kernel's where it takes
+    them (M <= 64, a 16×16-tiled 2D weight or its ``.mT``), else the general kernel's."""
+    if config is not None:
+        return config
+    m, n, k = lhs.shape[-2], rhs.shape[-1], lhs.padded_length
+    cfg = default_config(m, n, k, skinny=gemm_skinny.variant_of(rhs) is not None)
+    if isinstance(cfg, SkinnyConfig) and gemm_skinny.unsupported(lhs, rhs, cfg) is not None:
+        cfg = default_config(m, n, k, skinny=False)
+    return cfg
+
+
 def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,
-                 config: TuningConfig | None) -> str | None:
+                 config: TuningConfig | SkinnyConfig | None) -> str | None:
     """`supports` under ``config`` (None: `default_config`), for valid operands."""
     nd = lhs.ndim
     shapes = f"lhs {lhs.shape} @ rhs {rhs.shape}"
@@ -85,7 +99,9 @@ def _unsupported(lhs: NVFP4Array, rhs: NVFP4Array, lhs_from_mT: bool,
     if min(m, n, k) == 0:
         return f"{shapes}: empty dimensions are not supported"
     k_pad = lhs.padded_length
-    cfg = config if config is not None else default_config(m, n, k_pad)
+    cfg = _config(lhs, rhs, config)
+    if isinstance(cfg, SkinnyConfig):
+        return gemm_skinny.unsupported(lhs, rhs, cfg)
     if k_pad % (cfg.tile_k * cfg.k_splits):
         return (f"{shapes}: K={k} must be a multiple of tile_k·k_splits = "
                 f"{cfg.tile_k}·{cfg.k_splits} = {cfg.tile_k * cfg.k_splits}")
@@ -132,7 +148,7 @@ def matmul(
     *,
     preferred_element_type: Any = jnp.float32,
     lhs_from_mT: bool = False,  # mirrors NVFP4Array.mT
-    config: TuningConfig | None = None,
+    config: TuningConfig | SkinnyConfig | None = None,
     interpret: bool = False,
     output_scale: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
@@ -154,6 +170,9 @@ def matmul(
       along N, i.e. ``W.mT`` of a 2D-tiled weight stored ``(K/2, N)`` (dgrad).
     * M, N multiples of the CTA tile, K a multiple of ``tile_k · k_splits``; an M of
       at most 64 is zero-padded to one tile (decode-like shapes).
+    * M <= 64 with a 2D lhs and a 16×16-tiled 2D weight (fprop's ``W`` or dgrad's
+      ``W.mT``), N a multiple of 256: the skinny kernel (`pallas_kernels.gemm_skinny`,
+      a `SkinnyConfig`), chosen by default where it fits.
 
     Args:
       lhs: ``(..., M, K)`` `NVFP4Array`.
@@ -161,7 +180,7 @@ def matmul(
       preferred_element_type: output dtype (float32, bfloat16 or float16).
       lhs_from_mT: ``lhs`` is ``q.mT`` of a tensor stored with the codes packed along
         its rows (see above).
-      config: a `TuningConfig`; default `default_config(M, N, K)`.
+      config: a `TuningConfig` or `SkinnyConfig`; default `default_config(M, N, K)`.
       interpret: run in Mosaic GPU interpret mode (CPU; for tests).
       output_scale: ``fl(gds_lhs · gds_rhs)`` if the caller has it
         (`fp4jax.numerics.scales.output_scales`); computed from the amaxes otherwise.
@@ -196,6 +215,12 @@ def matmul(
     reason = _unsupported(lhs, rhs, lhs_from_mT, config)
     if reason is not None:
         raise ValueError(reason)
+    if output_scale is None:
+        output_scale = scales.output_scale(lhs.amax, rhs.amax)
+    out_scale = jnp.asarray(output_scale, jnp.float32).reshape(1)
+    cfg = _config(lhs, rhs, config)
+    if isinstance(cfg, SkinnyConfig):
+        return gemm_skinny.matmul(lhs, rhs, out_scale, cfg, out_dtype, interpret)
     nd = lhs.ndim
     batch_shape = lhs.shape[:-2]
     b = math.prod(batch_shape)
@@ -203,7 +228,6 @@ def matmul(
     n = rhs.shape[-1]
     rhs_cols = rhs.axis == nd - 1  # 2D-tiled, codes packed along N (W.mT in dgrad)
     k_pad = lhs.padded_length
-    cfg = config if config is not None else default_config(m, n, k_pad)
     m_pad = m if m % cfg.cta_tile_m == 0 else cfg.cta_tile_m  # M <= MAX_PADDED_M here
 
     # lhs: codes (B, M, K/2) or (B, K/2, M); scales (B, K/16, M).
@@ -234,9 +258,6 @@ def matmul(
     subnormal = cfg.decode == "subnormal" and not interpret
     lhs_s = dec.scale_factors(lhs_s, subnormal=subnormal)
     rhs_s = dec.scale_factors(rhs_s, subnormal=subnormal)
-    if output_scale is None:
-        output_scale = scales.output_scale(lhs.amax, rhs.amax)
-    out_scale = jnp.asarray(output_scale, jnp.float32).reshape(1)
     p = gemm_kernel.Problem(b, m_pad, n, k_pad, lhs_from_mT, rhs_cols, out_dtype)
     out = gemm_kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
     if cfg.k_splits > 1:

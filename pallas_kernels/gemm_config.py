@@ -1,16 +1,21 @@
 """Tuning of the Hopper NVFP4 GEMM (`pallas_kernels.gemm`): tile sizes and scheduling.
 
-`TuningConfig` holds every static knob of the kernel; `default_config` picks, for a
-problem size, the largest CTA tile that divides it (`LARGE_CONFIG` for big GEMMs,
-`SKINNY_CONFIG` for decode-like ``M <= 64``, where M is zero-padded to one tile).
+`TuningConfig` holds every static knob of the general kernel (`pallas_kernels.gemm_kernel`);
+`SkinnyConfig` those of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64, a
+16×16-tiled weight: fprop and dgrad). `default_config` picks, for a problem size, the
+skinny kernel where it fits, else the largest CTA tile that divides the problem
+(`LARGE_CONFIG` for big GEMMs, `SKINNY_CONFIG` for other decode-like ``M <= 64``, where
+M is zero-padded to one tile).
 
 Example:
   >>> from pallas_kernels import gemm_config
   >>> gemm_config.default_config(8192, 8192, 8192) == gemm_config.LARGE_CONFIG
   True
   >>> cfg = gemm_config.default_config(16, 8192, 8192)
-  >>> cfg.cta_tile_m, cfg.cta_tile_n, cfg.k_splits
-  (64, 128, 2)
+  >>> type(cfg).__name__, cfg.cta_tile_n, cfg.k_splits  # 32 column tiles x 4 K splits
+  ('SkinnyConfig', 256, 4)
+  >>> gemm_config.default_config(16, 8192, 8192, skinny=False) == gemm_config.SKINNY_CONFIG
+  True
 """
 
 from __future__ import annotations
@@ -125,17 +130,93 @@ _FALLBACK_CONFIGS = (
 MAX_PADDED_M = 64
 """An M up to this size that does not fill a CTA tile is zero-padded (skinny GEMMs)."""
 
+SKINNY_CTA_N = 256
+"""Weight columns per CTA of the skinny kernel (two warpgroups of 128)."""
+
+PLANNED_SMS = 132
+"""SMs the default split-K of the skinny kernel fills (an H200)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SkinnyConfig:
+    """Tuning of the skinny kernel (`pallas_kernels.gemm_skinny`, M <= 64).
+
+    Attributes:
+      tile_k: contraction elements per pipeline step (multiple of 128: a stage's scale
+        tile, ``tile_k/16 × 16`` bytes, must be a multiple of 128 bytes for TMA).
+      max_concurrent_steps: TMA pipeline depth.
+      k_splits: CTAs that split K (``N/256 · k_splits`` CTAs in all); the float32
+        partial sums are added outside the kernel.
+      num_sms: CTAs of the persistent grid; ``None``: one per SM.
+      k_substeps: decode and multiply each step's tile in this many parts along K
+        (``tile_k / k_substeps`` a multiple of 64), issuing each part's ``wgmma``
+        before decoding the next, so the tensor cores overlap the decode.
+    """
+
+    tile_k: int = 128
+    max_concurrent_steps: int = 6
+    k_splits: int = 4
+    num_sms: int | None = None
+    k_substeps: int = 1
+
+    def __post_init__(self):
+        if self.tile_k <= 0 or self.tile_k % 128:
+            raise ValueError(f"tile_k={self.tile_k} must be a positive multiple of 128")
+        if self.max_concurrent_steps < 2:
+            raise ValueError(f"max_concurrent_steps={self.max_concurrent_steps} must be >= 2")
+        if self.k_splits < 1:
+            raise ValueError(f"k_splits={self.k_splits} must be >= 1")
+        if self.num_sms is not None and self.num_sms < 1:
+            raise ValueError(f"num_sms={self.num_sms} must be >= 1")
+        if self.k_substeps < 1 or self.tile_k % (64 * self.k_substeps):
+            raise ValueError(f"tile_k={self.tile_k} must be a multiple of 64·k_substeps "
+                             f"(k_substeps={self.k_substeps})")
+
+    @property
+    def cta_tile_m(self) -> int:
+        """Rows of M one CTA covers (M is padded, at most this)."""
+        return MAX_PADDED_M
+
+    @property
+    def cta_tile_n(self) -> int:
+        """Output columns of one CTA."""
+        return SKINNY_CTA_N
+
+
+SKINNY_MIN_STEPS = 4
+"""The default split-K leaves each CTA at least this many pipeline steps."""
+
+
+def skinny_config(n: int, k: int, *, tile_k: int = 128) -> SkinnyConfig | None:
+    """The default skinny tuning for N and K, or None when no K split divides K.
+
+    ``k_splits`` is the largest power of two that keeps the grid within `PLANNED_SMS`
+    CTAs and every CTA at least `SKINNY_MIN_STEPS` steps (or 1).
+    """
+    if n % SKINNY_CTA_N or k % tile_k:
+        return None
+    ks = 1
+    while (n // SKINNY_CTA_N * 2 * ks <= PLANNED_SMS
+           and k % (2 * ks * tile_k) == 0 and k // (2 * ks * tile_k) >= SKINNY_MIN_STEPS):
+        ks *= 2
+    return SkinnyConfig(tile_k=tile_k, k_splits=ks)
+
 
 def _fits(cfg: TuningConfig, m: int, n: int, k: int) -> bool:
     m_ok = m % cfg.cta_tile_m == 0 or m <= MAX_PADDED_M
     return m_ok and n % cfg.cta_tile_n == 0 and k % (cfg.tile_k * cfg.k_splits) == 0
 
 
-def default_config(m: int, n: int, k: int) -> TuningConfig:
-    """The default `TuningConfig` for an ``(m, k) @ (k, n)`` GEMM.
+def default_config(m: int, n: int, k: int, *, skinny: bool = True
+                   ) -> TuningConfig | SkinnyConfig:
+    """The default config for an ``(m, k) @ (k, n)`` GEMM.
 
-    The largest CTA tile that divides the problem (an M below one tile is padded).
+    For ``m <= 64`` the skinny kernel's `skinny_config` where it fits (``skinny``: the
+    operands are in its layout, see `pallas_kernels.gemm`); otherwise the largest
+    `TuningConfig` CTA tile that divides the problem (an M below one tile is padded).
     """
+    if m <= MAX_PADDED_M and skinny and (cfg := skinny_config(n, k)) is not None:
+        return cfg
     if m <= 64:
         for cfg in (SKINNY_CONFIG, dataclasses.replace(SKINNY_CONFIG, k_splits=1),
                     dataclasses.replace(SKINNY_CONFIG, tile_k=64, k_splits=1)):

@@ -65,6 +65,7 @@ _RUN_FIRST = (
     "tests/test_study.py::test_resume_through_a_handoff_is_bitwise_the_straight_run",
     "tests/test_benchmark_multi_gpu.py::",
     "tests/kernels/test_gemm.py::test_interpret_matches_reference",
+    "tests/kernels/test_gemm_skinny.py::test_interpret_matches_reference",
     "tests/test_quantize.py::test_op_by_op_equals_jit",
 )
 

@@ -16,6 +16,7 @@ def test_config_validation():
 
 def test_default_config_divides_the_problem():
     assert gc.default_config(8192, 8192, 8192) == gc.LARGE_CONFIG
-    assert gc.default_config(16, 8192, 8192) == gc.SKINNY_CONFIG
+    assert isinstance(gc.default_config(16, 8192, 8192), gc.SkinnyConfig)
+    assert gc.default_config(16, 8192, 8192, skinny=False) == gc.SKINNY_CONFIG
     cfg = gc.default_config(384, 640, 1152)  # non-power-of-two multiples of 128
     assert 384 % cfg.cta_tile_m == 0 and 640 % cfg.cta_tile_n == 0

@@ -1,0 +1,294 @@
+"""The skinny NVFP4 GEMM (M ≤ 64) for Hopper: ``Cᵀ = W' · Xᵀ`` with the weight in registers.
+
+On decode-like shapes (few tokens, a big weight) the GEMM streams the 4.5-bit weight
+once; everything else is small. The kernel swaps the operands so the weight is
+``wgmma``'s A side (64-row instruction groups) and the tokens its N side (8 to 64 wide,
+M padded to a multiple of 8), so no tensor-core work is spent on padding rows. It takes
+the 16×16-tiled weight as stored, ``(K/2, N)``, in both of its GEMMs: fprop ``X @ W``
+(``W' = Wᵀ``) and dgrad ``dY @ W.mT`` (``W' = W``); `gemm_skinny_layouts` has the
+register layouts of each.
+
+* Each CTA (2 consumer warpgroups + 1 TMA producer, `plgpu.emit_pipeline_warp_specialized`)
+  owns 256 output columns (`gemm_skinny_layouts.WG_ROWS` per warpgroup) and one of
+  ``k_splits`` K ranges; the grid is ``N/256 · k_splits`` CTAs, persistent.
+* A pipeline stage holds ``tile_k`` contraction elements of the weight's packed codes
+  and of its 16×16-tile E4M3 scale bytes (as stored: no expanded per-block array), and
+  the activations' ``(M, tile_k)`` BF16 tile.
+* A consumer warpgroup decodes its 128 columns straight into the WGMMA register layout
+  (`gemm_skinny_decode.decode_tile`: ``e2m1 · s · 2**-8``, exact) and issues ``wgmma``
+  with the activations' tile from SMEM as B (a free transposed view).
+* The activations (at most 64 × K) are decoded by XLA to ``e2m1 · s`` in BF16 (exact;
+  a few hundred KB) before the launch (dgrad: with the kernel's column order).
+* The epilogue multiplies the float32 accumulator by ``2**8`` (exact) and, unless K is
+  split, by ``fl(gds_x · gds_w)``, casts, and writes the transposed tile straight from
+  registers (`gemm_skinny_decode.store_tile`). Split-K partial sums are added and
+  scaled by XLA.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from pallas_kernels import gemm_config, gemm_skinny
+  >>> p = gemm_skinny.Problem(16, 512, 1024, jnp.bfloat16)
+  >>> args = [jax.ShapeDtypeStruct(s, d) for s, d in (((512, 512), jnp.uint8),
+  ...         ((64, 32), jnp.uint8), ((16, 1024), jnp.bfloat16), ((1,), jnp.float32))]
+  >>> cfg = gemm_config.SkinnyConfig(k_splits=2)
+  >>> f = lambda *a: gemm_skinny.call_kernel(*a, p, cfg, False)
+  >>> jax.eval_shape(f, *args).shape  # (k_splits, M, N) float32 partial sums
+  (2, 16, 512)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from fp4jax.numerics import layout
+from fp4jax.numerics.constants import BLOCK
+from fp4jax.numerics.nvfp4_array import NVFP4Array, e2m1_to_bf16, unpack_codes
+from pallas_kernels import gemm_skinny_decode as sd
+from pallas_kernels import gemm_skinny_layouts as sl
+from pallas_kernels import tma_pipeline as tp
+from pallas_kernels.gemm_config import SKINNY_CTA_N, SkinnyConfig
+from pallas_kernels.gemm_skinny_layouts import WG_ROWS
+
+M_ALIGN = 8
+"""M is zero-padded to a multiple of this (``wgmma``'s N granularity)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Static shape of one skinny launch."""
+
+    m: int  # rows of X, padded to a multiple of M_ALIGN (<= 64)
+    n: int  # output columns (multiple of SKINNY_CTA_N)
+    k: int  # contraction (multiple of tile_k · k_splits)
+    out_dtype: Any
+    variant: str = "fprop"  # the weight's layout (gemm_skinny_layouts.VARIANTS)
+
+
+def _swizzle(minor_bytes: int, bits: int) -> tuple[Any, ...]:
+    swizzle = plgpu.find_swizzle(minor_bytes * 8, "skinny")
+    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+_SCALE_BLOCK = 16  # dgrad: scale columns per TMA box (its minor dim must be 16 bytes)
+
+
+def _in_specs(p: Problem, tk: int) -> list:
+    """Block specs of one pipeline step: weight codes, scale bytes, activations."""
+    x = plgpu.BlockSpec((p.m, tk), lambda k: (0, k), transforms=_swizzle(128, 16))
+    if p.variant == "fprop":  # codes (K/2, N), scales (K/16, N/16)
+        return [plgpu.BlockSpec((tk // 2, SKINNY_CTA_N), lambda k: (k, 0),
+                                transforms=_swizzle(WG_ROWS, 8)),
+                plgpu.BlockSpec((tk // BLOCK, SKINNY_CTA_N // BLOCK), lambda k: (k, 0)), x]
+    # dgrad: codes (N/2, K), scales (N/16, K/16); a box of 16 scale columns covers
+    # 16 / (tk/16) steps.
+    per_box = _SCALE_BLOCK * BLOCK // tk
+    return [plgpu.BlockSpec((SKINNY_CTA_N // 2, tk), lambda k: (0, k),
+                            transforms=_swizzle(tk, 8)),
+            plgpu.BlockSpec((SKINNY_CTA_N // BLOCK, _SCALE_BLOCK), lambda k: (0, k // per_box)),
+            x]
+
+
+def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
+            *, p: Problem, cfg: SkinnyConfig, interpret: bool):
+    """One persistent CTA: loops over (K split, 256-column) tiles, pipelines K.
+
+    Refs (GMEM): ``w_gmem`` uint8 codes, (K/2, N) (fprop) or (N/2, K) (dgrad);
+    ``ws_gmem`` the uint8 E4M3 bits of the 16×16-tile scales, (K/16, N/16) or (N/16,
+    K/16); ``x_gmem`` (M, K) bf16 decoded activations (dgrad: columns permuted within
+    16-blocks, `gemm_skinny_decode.column_permutation`); ``out_scale_gmem`` (1,)
+    float32; ``out_gmem`` (M, N) out dtype, or (k_splits, M, N) float32 partial sums.
+    """
+    variant = sl.VARIANTS[p.variant]
+    tk, rows, fprop = cfg.tile_k, WG_ROWS, p.variant == "fprop"
+    tks = tk // cfg.k_substeps
+    n_iters = p.n // SKINNY_CTA_N
+    kps = p.k // cfg.k_splits  # contraction per split
+    in_specs = _in_specs(p, tk)
+
+    def get_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(kps // tk,), memory_registers=40, in_specs=in_specs,
+            wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=cfg.max_concurrent_steps,
+            compute_context=compute_context,
+        )
+
+    def ignore(*_, **__):
+        return None
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=get_pipeline(ignore, ignore).get_allocations(w_gmem, ws_gmem, x_gmem),
+        collective_axes="wg",
+    )
+    def _scope(allocs):
+        wg = lax.axis_index("wg")
+        wg_rows, wg_scales = pl.ds(wg * rows, rows), pl.ds(wg * (rows // BLOCK), rows // BLOCK)
+
+        @plgpu.nd_loop((cfg.k_splits * n_iters,), collective_axes="sm")
+        def _tile_loop(info: plgpu.NDLoopInfo):
+            (lin,) = info.index
+            ks, n_idx = lin // n_iters, lin % n_iters
+            n_sl = pl.ds(n_idx * SKINNY_CTA_N, SKINNY_CTA_N)
+            np_sl = pl.ds(n_idx * (SKINNY_CTA_N // 2), SKINNY_CTA_N // 2)
+            ns_sl = pl.ds(n_idx * (SKINNY_CTA_N // BLOCK), SKINNY_CTA_N // BLOCK)
+            k_sl = pl.ds(ks * kps, kps)
+            kp_sl = pl.ds(ks * (kps // 2), kps // 2)
+            ks_sl = pl.ds(ks * (kps // BLOCK), kps // BLOCK)
+
+            def compute_context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((rows, p.m), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)
+                    acc = acc_ref[...] * sd.ACC_UNSCALE  # exact: undoes the weight's 2**-8
+                    if cfg.k_splits > 1:
+                        out_tile = out_gmem.at[ks]
+                    else:
+                        acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
+                        out_tile = out_gmem
+                    out_tile = out_tile.at[:, n_sl].at[:, wg_rows]
+                    sd.store_tile(variant, acc, out_tile, interpret=interpret)
+
+            def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
+                # k_substeps parts: the tensor cores multiply one while the next decodes.
+                for h in range(cfg.k_substeps):
+                    if fprop:
+                        codes = w_smem.at[pl.ds(h * tks // 2, tks // 2), wg_rows]
+                        scales = ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), wg_scales]
+                    else:
+                        col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
+                        codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2), pl.ds(h * tks, tks)]
+                        scales = ws_smem.at[wg_scales, pl.ds(col, tks // BLOCK)]
+                    a = sd.decode_tile(variant, codes, scales, interpret=interpret)
+                    if interpret:  # interpret-mode wgmma takes SMEM operands only
+                        a_smem.at[wg][...] = a
+                        a = a_smem.at[wg]
+                    plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
+                plgpu.wgmma_wait(0)
+                return acc_ref
+
+            if fprop:
+                w_tile, s_tile = w_gmem.at[kp_sl, n_sl], ws_gmem.at[ks_sl, ns_sl]
+            else:
+                w_tile, s_tile = w_gmem.at[np_sl, k_sl], ws_gmem.at[ns_sl, ks_sl]
+            get_pipeline(mma_body, compute_context)(
+                w_tile, s_tile, x_gmem.at[:, k_sl], allocations=allocs)
+
+
+def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
+                interpret: bool) -> jax.Array:
+    """Launches the kernel on operands already in its layout.
+
+    Args:
+      w_codes: uint8 packed codes of the weight as stored: (K/2, N) (fprop) or (N/2, K)
+        (dgrad).
+      w_scales: uint8 bits of its 16×16-tile E4M3 scales: (K/16, N/16) or (N/16, K/16).
+      x: (M, K) bf16 decoded activations ``e2m1 · s`` (M padded, see `Problem`; dgrad:
+        columns permuted, see `decode_activations`).
+      out_scale: (1,) float32 ``fl(gds_x · gds_w)``.
+      p: the problem.
+      cfg: the tuning.
+      interpret: Mosaic GPU interpret mode (CPU).
+
+    Returns:
+      (M, N) of ``p.out_dtype``, or with ``k_splits > 1`` (k_splits, M, N) float32
+      partial sums before the output scale.
+    """
+    split = cfg.k_splits > 1
+    out_dtype = jnp.float32 if split else p.out_dtype
+    out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
+    a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
+    num_tiles = cfg.k_splits * (p.n // SKINNY_CTA_N)
+    grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
+    kernel = plgpu.kernel(
+        functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        grid=(grid,),
+        grid_names=("sm",),
+        kernel_name="fp4jax_gemm_skinny",
+        num_threads=3,
+        thread_name="wg",
+        scratch_types={"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
+                                            transforms=_swizzle(128, 16))},
+        compiler_params=tp.lane_params(),
+        interpret=tp.interpret_params(interpret),
+    )
+    return kernel(w_codes, w_scales, x, out_scale)
+
+
+def decode_activations(lhs: NVFP4Array, m_pad: int, variant: str = "fprop") -> jax.Array:
+    """``e2m1 · s`` of an (M, K) lhs blocked along K, in BF16 (exact), rows zero-padded;
+    for dgrad with the columns of every 16-block in the kernel's order
+    (`gemm_skinny_decode.column_permutation`: a transpose of (4, 2, 2) sub-blocks)."""
+    vals = e2m1_to_bf16(unpack_codes(lhs.data, 1))
+    x = layout.pad_axis(vals * lhs.per_element(lhs.scales.astype(jnp.bfloat16)), 0, m_pad)
+    if variant == "dgrad":  # column 8q + 2c + v of a block holds column 4c + 2q + v
+        x = x.reshape(m_pad, -1, 4, 2, 2).transpose(0, 1, 3, 2, 4).reshape(m_pad, -1)
+    return x
+
+
+def variant_of(rhs: NVFP4Array) -> str | None:
+    """The skinny kernel's name for a 2D rhs's layout: ``"fprop"`` for a 16×16-tiled
+    weight stored (K/2, N), ``"dgrad"`` for the ``.mT`` of one (N/2, K); else None."""
+    if rhs.ndim != 2 or not rhs.block_2d:
+        return None
+    return "fprop" if rhs.axis == 0 else "dgrad"
+
+
+def unsupported(lhs: NVFP4Array, rhs: NVFP4Array, cfg: SkinnyConfig) -> str | None:
+    """Why the skinny kernel cannot take valid operands under ``cfg`` (None if it can)."""
+    shapes = f"lhs {lhs.shape} @ rhs {rhs.shape}"
+    m, n, k = lhs.shape[-2], rhs.shape[-1], lhs.padded_length
+    if lhs.ndim != 2 or lhs.axis != 1:
+        return f"{shapes}: the skinny kernel takes a 2D lhs blocked along K"
+    if (variant := variant_of(rhs)) is None:
+        return (f"{shapes}: the skinny kernel takes a 16×16-tiled 2D weight (W stored "
+                "(K/2, N), or W.mT)")
+    if m > 64:
+        return f"{shapes}: the skinny kernel takes M <= 64, got M={m}"
+    if n % SKINNY_CTA_N:
+        return f"{shapes}: N={n} must be a multiple of {SKINNY_CTA_N} (skinny kernel)"
+    if k % (cfg.tile_k * cfg.k_splits):
+        return (f"{shapes}: K={k} must be a multiple of tile_k·k_splits = "
+                f"{cfg.tile_k}·{cfg.k_splits} = {cfg.tile_k * cfg.k_splits} (skinny kernel)")
+    if variant == "dgrad" and (k // cfg.k_splits) % (_SCALE_BLOCK * BLOCK):
+        return (f"{shapes}: K/k_splits = {k // cfg.k_splits} must be a multiple of "
+                f"{_SCALE_BLOCK * BLOCK} (skinny kernel, W.mT)")
+    if variant == "dgrad" and cfg.tile_k > _SCALE_BLOCK * BLOCK:
+        return (f"{shapes}: tile_k={cfg.tile_k} must be at most {_SCALE_BLOCK * BLOCK} "
+                "(skinny kernel, W.mT: one scale box per step)")
+    if variant == "dgrad" and (cfg.tile_k // cfg.k_substeps) % 128:
+        return (f"{shapes}: tile_k/k_substeps = {cfg.tile_k // cfg.k_substeps} must be a "
+                "multiple of 128 (skinny kernel, W.mT: whole 128-byte rows)")
+    return None
+
+
+def operands(lhs: NVFP4Array, rhs: NVFP4Array, out_dtype: Any
+             ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], Problem]:
+    """The kernel's operands ``(codes, scale bits, activations)`` and `Problem` for
+    operands `unsupported` accepts: the weight's arrays as stored (the ``.mT`` of dgrad
+    undone), the activations decoded (`decode_activations`)."""
+    m, n, k = lhs.shape[0], rhs.shape[1], lhs.padded_length
+    m_pad = -(-m // M_ALIGN) * M_ALIGN
+    variant = variant_of(rhs)
+    codes, scales = (rhs.data, rhs.scales) if variant == "fprop" else (rhs.data.T, rhs.scales.T)
+    x = decode_activations(lhs, m_pad, variant)
+    p = Problem(m_pad, n, k, jnp.dtype(out_dtype), variant)
+    return (codes, lax.bitcast_convert_type(scales, jnp.uint8), x), p
+
+
+def matmul(lhs: NVFP4Array, rhs: NVFP4Array, out_scale: jax.Array, cfg: SkinnyConfig,
+           out_dtype: Any, interpret: bool) -> jax.Array:
+    """``lhs @ rhs`` for operands `unsupported` accepts (`pallas_kernels.gemm.matmul`)."""
+    args, p = operands(lhs, rhs, out_dtype)
+    out = call_kernel(*args, out_scale, p, cfg, interpret)
+    if cfg.k_splits > 1:
+        out = (jnp.sum(out, axis=0) * out_scale[0]).astype(out_dtype)
+    return out[:lhs.shape[0]] if p.m != lhs.shape[0] else out
