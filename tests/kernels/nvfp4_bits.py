@@ -1,4 +1,10 @@
-"""Helpers shared by the kernel tests: bitwise NVFP4Array comparison and test data."""
+"""Helpers shared by the kernel tests: bitwise NVFP4Array comparison, test data, and the
+interpret-mode worker subprocess."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -56,3 +62,50 @@ def on_cpu(fn, *args):
     cpu = jax.devices("cpu")[0]
     with jax.default_device(cpu):
         return jax.jit(fn)(*jax.device_put(args, cpu))
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def interpret_worker_results(test_file: str) -> dict:
+    """Runs ``python test_file --interpret-worker`` on the CPU (8 host devices) and returns
+    the JSON its last line prints: a test module's interpret-mode cases in one process,
+    away from the pytest process's JAX configuration."""
+    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+               + " --xla_force_host_platform_device_count=8")
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(test_file), "--interpret-worker"],
+        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare_outputs(got, want) -> dict:
+    """How a GEMM result ``got`` compares with ``want`` (JSON-able: the interpret-mode
+    workers print it): shapes equal, all finite, relative error (norm and worst
+    element) and whether the float32 bits are equal."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return {
+        "shape_ok": got.shape == want.shape,
+        "finite": bool(np.isfinite(got).all()),
+        "rel": float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)),
+        "max_rel_elem": float(np.max(np.abs(got - want) / (np.abs(want) + 1e-3))),
+        "bitwise": bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
+    }
+
+
+def worker_main(cases, run_case) -> None:
+    """A test module's ``__main__``: ``--interpret-worker`` prints `run_case` of every case
+    as one JSON line (what `interpret_worker_results` reads); ``--time-worker`` prints
+    each case's time."""
+    if "--interpret-worker" in sys.argv:
+        print(json.dumps({name: run_case(name) for name in cases}))
+    elif "--time-worker" in sys.argv:
+        import time  # noqa: PLC0415
+
+        for name in cases:
+            t = time.time()
+            r = run_case(name)
+            print(name, f"{time.time() - t:.1f}s", r, flush=True)

@@ -14,23 +14,18 @@ finite and matching; bitwise equality when every float32 sum is exact.
 
 import dataclasses
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
 from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, default_config
+from tests.kernels.nvfp4_bits import compare_outputs, interpret_worker_results, worker_main
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _normal(shape, seed):
@@ -69,17 +64,6 @@ def _abstract_operands(layout, m, n, k):
     return lhs, rhs, ({"lhs_from_mT": True} if layout == "wgrad" else {})
 
 
-def _compare(got, want):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    return {
-        "shape_ok": got.shape == want.shape,
-        "finite": bool(np.isfinite(got).all()),
-        "rel": float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)),
-        "max_rel_elem": float(np.max(np.abs(got - want) / (np.abs(want) + 1e-3))),
-        "bitwise": bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-    }
-
-
 # ----------------------------------------------------------------------------------------
 # CPU / CI: interpret mode, in a subprocess.
 # ----------------------------------------------------------------------------------------
@@ -111,20 +95,12 @@ def _run_case(name):
         lhs, rhs, kw = _layout_operands(layout, m, n, k, exact=exact)
     got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
     want = ref_matmul(lhs, rhs, preferred_element_type=dtype)
-    return _compare(got, want)
+    return compare_outputs(got, want)
 
 
 @functools.cache
 def _interpret_results():
-    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-               + " --xla_force_host_platform_device_count=8")
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--interpret-worker"],
-        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpret_worker_results(__file__)
 
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
@@ -248,7 +224,7 @@ def test_gpu_matches_reference(layout, mnk):
     want = jax.jit(ref_matmul)(lhs, rhs)
     _poison_allocator(4 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs, **kw)
-    r = _compare(got, want)
+    r = compare_outputs(got, want)
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
 
 
@@ -261,7 +237,7 @@ def test_gpu_bitwise_when_sums_are_exact(layout, decode):
     want = jax.jit(ref_matmul)(lhs, rhs)
     _poison_allocator(4 * 256 * 512)
     cfg = dataclasses.replace(default_config(256, 512, 512), decode=decode)
-    r = _compare(gemm.matmul(lhs, rhs, config=cfg, **kw), want)
+    r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), want)
     assert r["bitwise"], r
 
 
@@ -284,7 +260,7 @@ def test_gpu_configs_and_dtypes(mnk, dtype, cfg):
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
     _poison_allocator(4 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg)
-    r = _compare(got, want)
+    r = compare_outputs(got, want)
     assert r["shape_ok"] and r["finite"], r
     if dtype == jnp.float32:
         assert r["rel"] <= 1e-6, r
@@ -297,7 +273,7 @@ def test_gpu_configs_and_dtypes(mnk, dtype, cfg):
 def test_gpu_batched():
     x, w = _normal((3, 256, 512), 0), _normal((3, 512, 256), 1)
     lhs, rhs = quantize(x), quantize(w, axis=1, block_2d=True)
-    r = _compare(gemm.matmul(lhs, rhs), jax.jit(ref_matmul)(lhs, rhs))
+    r = compare_outputs(gemm.matmul(lhs, rhs), jax.jit(ref_matmul)(lhs, rhs))
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
 
 
@@ -310,11 +286,5 @@ def test_gpu_shapes_it_cannot_take(mnk):
         gemm.matmul(lhs, rhs, **kw)
 
 
-if __name__ == "__main__" and "--interpret-worker" in sys.argv:
-    print(json.dumps({name: _run_case(name) for name in INTERPRET_CASES}))
-elif __name__ == "__main__" and "--time-worker" in sys.argv:
-    import time
-    for name in INTERPRET_CASES:
-        t = time.time()
-        r = _run_case(name)
-        print(name, f"{time.time() - t:.1f}s", r, flush=True)
+if __name__ == "__main__":
+    worker_main(INTERPRET_CASES, _run_case)

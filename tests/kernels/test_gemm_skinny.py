@@ -17,10 +17,6 @@ GPU (``-m gpu``; skipped without a GPU): the compiled kernel at the decode shape
 """
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -31,13 +27,13 @@ from jax.experimental.mosaic import gpu as mgpu
 
 from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
-from pallas_kernels import gemm, gemm_skinny
+from pallas_kernels import gemm, gemm_skinny, gemm_skinny_bench
 from pallas_kernels import gemm_skinny_decode as sd
 from pallas_kernels import gemm_skinny_layouts as sl
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
+from tests.kernels.nvfp4_bits import compare_outputs, interpret_worker_results, worker_main
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 
@@ -220,22 +216,11 @@ def test_code_loads_are_bank_conflict_free(variant):
 def _operands(m, n, k, *, layout="fprop", exact=False, seed=0):
     """(X or dY rowwise, W or W.mT in 16×16 tiles) with output (m, n), contraction k.
 
-    ``exact``: E2M1-grid values times 2**t per 16×16 tile (t = 0 or 1), with a ±6·2**t
-    in every 16-block: the codes are the grid values, the scales (224 or 448) differ from
-    tile to tile, so a misplaced scale shows, and for K <= 512 every float32 sum is exact:
-    a multiple of 49 · 2**e · 0.25 (E4M3's 448 = 7 · 2**6) of at most 512 · 36 · 4 · 4
-    units, 49 · 294912 < 2**24. Else: normal values over 12 binades.
+    ``exact``: `gemm_skinny_bench.exact_sum_data` (codes on the grid, scales differing per
+    16×16 tile, every float32 sum exact for K <= 512). Else: normal values over 12 binades.
     """
     if exact:
-        grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
-
-        def data(shape, s):
-            k1, k2, k3 = jax.random.split(jax.random.key(s), 3)
-            x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
-                jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
-            x = x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
-            t = jax.random.randint(k3, (-(-shape[0] // 16), shape[1] // 16), 0, 2)
-            return x * jnp.exp2(t.astype(jnp.float32)).repeat(16, 0)[:shape[0]].repeat(16, 1)
+        data = gemm_skinny_bench.exact_sum_data
     else:
         def data(shape, s):
             k1, k2 = jax.random.split(jax.random.key(s))
@@ -245,17 +230,6 @@ def _operands(m, n, k, *, layout="fprop", exact=False, seed=0):
     if layout == "fprop":
         return x, quantize(data((k, n), seed + 1), axis=0, block_2d=True)
     return x, quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT
-
-
-def _compare(got, want):
-    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    return {
-        "shape_ok": got.shape == want.shape,
-        "finite": bool(np.isfinite(got).all()),
-        "rel": float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)),
-        "max_rel_elem": float(np.max(np.abs(got - want) / (np.abs(want) + 1e-3))),
-        "bitwise": bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
-    }
 
 
 def _check(r, exact, dtype, k=512):
@@ -294,20 +268,12 @@ def _run_case(name):
     (m, n, k), layout, exact, dtype, cfg = INTERPRET_CASES[name]
     lhs, rhs = _operands(m, n, k, layout=layout, exact=exact)
     got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True)
-    return _compare(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
+    return compare_outputs(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
 
 
 @functools.cache
 def _interpret_results():
-    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-               + " --xla_force_host_platform_device_count=8")
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--interpret-worker"],
-        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpret_worker_results(__file__)
 
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
@@ -424,10 +390,10 @@ def test_gpu_matches_reference(layout, mnk):
     want = jax.jit(ref_matmul)(lhs, rhs)
     _poison_allocator(16 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs)
-    _check(_compare(got, want), False, "float32", mnk[2])
+    _check(compare_outputs(got, want), False, "float32", mnk[2])
     for dtype in (jnp.bfloat16, jnp.float16):
         _poison_allocator(16 * mnk[0] * mnk[1])
-        r = _compare(gemm.matmul(lhs, rhs, preferred_element_type=dtype), got.astype(dtype))
+        r = compare_outputs(gemm.matmul(lhs, rhs, preferred_element_type=dtype), got.astype(dtype))
         assert r["bitwise"], (dtype, r)
 
 
@@ -448,14 +414,8 @@ def test_gpu_bitwise_when_sums_are_exact(layout, m, cfg, dtype):
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
     _poison_allocator(16 * m * 1024)
     got = gemm.matmul(lhs, rhs, config=cfg, preferred_element_type=dtype)
-    _check(_compare(got, want), True, dtype)
+    _check(compare_outputs(got, want), True, dtype)
 
 
-if __name__ == "__main__" and "--interpret-worker" in sys.argv:
-    print(json.dumps({name: _run_case(name) for name in INTERPRET_CASES}))
-elif __name__ == "__main__" and "--time-worker" in sys.argv:
-    import time
-    for name in INTERPRET_CASES:
-        t = time.time()
-        r = _run_case(name)
-        print(name, f"{time.time() - t:.1f}s", r, flush=True)
+if __name__ == "__main__":
+    worker_main(INTERPRET_CASES, _run_case)
