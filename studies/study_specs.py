@@ -270,6 +270,14 @@ STUDIES = {s.name: s for s in (
         seeds=(0, 1, 2), evals=20,
     ),
     StudySpec(
+        name="noise_pilot", item="1 (interval width)",
+        title=("Noise pilot: pure_llama at half its learning rate, BF16 vs the paper recipe "
+               "(does the seed-to-seed spread of the gap shrink from ~1 pp?)"),
+        model=LlamaConfig(dim=256, layers=8, heads=4, hidden=768),
+        corpora=("python",), tokens_per_param=(10.0,), variants=("bf16", "paper"),
+        seeds=(0, 1, 2), lr=1e-3,
+    ),
+    StudySpec(
         name="smoke", item="-", in_report=False,
         title="A tiny run of the harness (CPU-sized), not a result",
         model=LlamaConfig(dim=64, layers=2, heads=2), corpora=("python",),
