@@ -84,6 +84,22 @@ def rht(
       True
     """
     x = jnp.asarray(x)
+    round_to = x.dtype if round_to is None else jnp.dtype(round_to)
+    y = butterfly_sums(x, axis, signs)
+    return rounding.round_to_dtype(y * 0.25, round_to)
+
+
+def butterfly_sums(x: jax.Array, axis: int = -1, signs: Sequence[int] | None = None
+                   ) -> jax.Array:
+    """The float32 butterfly sums of `rht` before its ``* 0.25`` and rounding: each
+    16-run ``r`` along ``axis`` becomes ``r @ diag(signs) @ H16``, summed in `rht`'s order.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> butterfly_sums(jnp.ones(16), signs=[1] * 16)[:2].tolist()
+      [16.0, 0.0]
+    """
+    x = jnp.asarray(x)
     axis = layout.normalize_axis(axis, x.ndim)
     n = x.shape[axis]
     if n % BLOCK:
@@ -91,7 +107,6 @@ def rht(
             f"the Hadamard transform needs the length of axis {axis} to be a multiple of 16; "
             f"got shape {x.shape}"
         )
-    round_to = x.dtype if round_to is None else jnp.dtype(round_to)
     s = jnp.asarray(check_signs(signs), dtype=jnp.float32)
     # The butterfly runs in place along `axis` (no transposes): the axis is split into
     # (runs, 16), and each stage is elementwise on the whole tensor: an element reads its
@@ -110,5 +125,4 @@ def rht(
         g = y.reshape(*before, runs, BLOCK // (2 * h), 2, h, *after)
         y = (lax.rev(g, (axis + 2,)) + g * plus_minus).reshape(*before, runs, BLOCK, *after)
         h *= 2
-    y = (y * 0.25).reshape(x.shape)
-    return rounding.round_to_dtype(y, round_to)
+    return y.reshape(x.shape)
