@@ -55,7 +55,7 @@ from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from pallas_kernels import gemm_decode as dec
-from pallas_kernels import gemm_kernel, gemm_skinny, timing
+from pallas_kernels import gemm_kernel, gemm_pipelined, gemm_skinny, timing
 from pallas_kernels.gemm_config import (
     LARGE_CONFIG,
     MAX_PADDED_M,
@@ -229,6 +229,7 @@ def matmul(
     rhs_cols = rhs.axis == nd - 1  # 2D-tiled, codes packed along N (W.mT in dgrad)
     k_pad = lhs.padded_length
     m_pad = m if m % cfg.cta_tile_m == 0 else cfg.cta_tile_m  # M <= MAX_PADDED_M here
+    pipelined = cfg.mainloop == "pipelined"
 
     # lhs: codes (B, M, K/2) or (B, K/2, M); scales (B, K/16, M).
     lhs_s = lhs.scales
@@ -245,8 +246,9 @@ def matmul(
     # rhs: codes (B, K/2, N) with scales (B, K/16, N), or (B, N/2, K) with (B, N/16, K).
     if rhs_cols:
         rhs_d = jnp.swapaxes(rhs.data.reshape(b, k, n // 2), 1, 2)
-        rhs_s = jnp.swapaxes(rhs.scales.reshape(b, -1, n // BLOCK), 1, 2)
-        rhs_s = _expand_tiles(rhs_s, 2, k)
+        rhs_s = rhs.scales.reshape(b, -1, n // BLOCK)  # (B, K/16, N/16): 16×16 tiles
+        if not pipelined:
+            rhs_s = _expand_tiles(jnp.swapaxes(rhs_s, 1, 2), 2, k)
     else:
         rhs_d = rhs.data.reshape(b, k_pad // 2, n)
         rhs_s = rhs.scales
@@ -259,7 +261,8 @@ def matmul(
     lhs_s = dec.scale_factors(lhs_s, subnormal=subnormal)
     rhs_s = dec.scale_factors(rhs_s, subnormal=subnormal)
     p = gemm_kernel.Problem(b, m_pad, n, k_pad, lhs_from_mT, rhs_cols, out_dtype)
-    out = gemm_kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
+    kernel = gemm_pipelined if pipelined else gemm_kernel
+    out = kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
     if cfg.k_splits > 1:
         out = (jnp.sum(out, axis=0) * out_scale[0]).astype(out_dtype)
     if m_pad != m:
