@@ -411,7 +411,7 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
     BF16 output; checks both mainloops bit for bit against the XLA path on exact-sum
     data (``exact_mnk``, every layout); prints the table last. ``interpret``: a CPU
     smoke run of the same code (one call per timing)."""
-    from pallas_kernels.gemm_skinny_bench import exact_sum_data  # noqa: PLC0415 - a cycle
+    from pallas_kernels.gemm_data import exact_sum_data  # noqa: PLC0415 - bench data
 
     def seconds(f, args_list):  # one call in a smoke run
         if interpret:
