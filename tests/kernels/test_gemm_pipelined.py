@@ -286,7 +286,7 @@ def _poison_allocator(nbytes: int):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad", "wgrad_plain"])
-@pytest.mark.parametrize("mnk", [(384, 768, 1152), (256, 512, 256), (1024, 1024, 2048)])
+@pytest.mark.parametrize("mnk", [(384, 768, 1152), (1024, 1024, 2048)])
 def test_gpu_matches_reference(layout, mnk):
     lhs, rhs, kw = layout_operands(layout, *mnk, seed=sum(mnk))
     want = jax.jit(ref_matmul)(lhs, rhs)
