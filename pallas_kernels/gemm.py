@@ -49,16 +49,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fp4jax.numerics import checks, layout, scales
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array
 from pallas_kernels import gemm_decode as dec
-from pallas_kernels import gemm_kernel, gemm_skinny, timing
+from pallas_kernels import gemm_kernel, gemm_pipelined, gemm_skinny, timing
 from pallas_kernels.gemm_config import (
     LARGE_CONFIG,
     MAX_PADDED_M,
+    PIPELINED_CONFIG,
     SKINNY_CONFIG,
     MatmulDimension,
     SkinnyConfig,
@@ -229,6 +231,7 @@ def matmul(
     rhs_cols = rhs.axis == nd - 1  # 2D-tiled, codes packed along N (W.mT in dgrad)
     k_pad = lhs.padded_length
     m_pad = m if m % cfg.cta_tile_m == 0 else cfg.cta_tile_m  # M <= MAX_PADDED_M here
+    pipelined = cfg.mainloop == "pipelined"
 
     # lhs: codes (B, M, K/2) or (B, K/2, M); scales (B, K/16, M).
     lhs_s = lhs.scales
@@ -245,8 +248,9 @@ def matmul(
     # rhs: codes (B, K/2, N) with scales (B, K/16, N), or (B, N/2, K) with (B, N/16, K).
     if rhs_cols:
         rhs_d = jnp.swapaxes(rhs.data.reshape(b, k, n // 2), 1, 2)
-        rhs_s = jnp.swapaxes(rhs.scales.reshape(b, -1, n // BLOCK), 1, 2)
-        rhs_s = _expand_tiles(rhs_s, 2, k)
+        rhs_s = rhs.scales.reshape(b, -1, n // BLOCK)  # (B, K/16, N/16): 16×16 tiles
+        if not pipelined:
+            rhs_s = _expand_tiles(jnp.swapaxes(rhs_s, 1, 2), 2, k)
     else:
         rhs_d = rhs.data.reshape(b, k_pad // 2, n)
         rhs_s = rhs.scales
@@ -259,7 +263,8 @@ def matmul(
     lhs_s = dec.scale_factors(lhs_s, subnormal=subnormal)
     rhs_s = dec.scale_factors(rhs_s, subnormal=subnormal)
     p = gemm_kernel.Problem(b, m_pad, n, k_pad, lhs_from_mT, rhs_cols, out_dtype)
-    out = gemm_kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
+    kernel = gemm_pipelined if pipelined else gemm_kernel
+    out = kernel.call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p, cfg, interpret)
     if cfg.k_splits > 1:
         out = (jnp.sum(out, axis=0) * out_scale[0]).astype(out_dtype)
     if m_pad != m:
@@ -280,17 +285,33 @@ def _random_bf16(shape, seed):
     return jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16)
 
 
-def _layout_args(quantize, layout_name: str, m: int, n: int, k: int, seed: int):
-    """Operands of an (m, k) @ (k, n) GEMM in a training layout, quantized by ``quantize``."""
+def _layout_args(quantize, layout_name: str, m: int, n: int, k: int, seed: int,
+                 data=_random_bf16):
+    """Operands of an (m, k) @ (k, n) GEMM in a training layout, quantized by ``quantize``:
+    fprop ``X @ W`` (W in 16×16 tiles), dgrad ``dY @ W.mT`` (W stored (n, k)), wgrad
+    ``X.mT @ dY`` (both blocked along the tokens, X stored (k, m), ``lhs_from_mT``)."""
     if layout_name == "fprop":
-        return (quantize(_random_bf16((m, k), seed)),
-                quantize(_random_bf16((k, n), seed + 1), axis=0, block_2d=True)), {}
+        return (quantize(data((m, k), seed)),
+                quantize(data((k, n), seed + 1), axis=0, block_2d=True)), {}
     if layout_name == "dgrad":
-        return (quantize(_random_bf16((m, k), seed)),
-                quantize(_random_bf16((n, k), seed + 1), axis=0, block_2d=True).mT), {}
+        return (quantize(data((m, k), seed)),
+                quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT), {}
     if layout_name == "wgrad":
-        return (quantize(_random_bf16((k, m), seed), axis=0).mT,
-                quantize(_random_bf16((k, n), seed + 1), axis=0)), {"lhs_from_mT": True}
+        return (quantize(data((k, m), seed), axis=0).mT,
+                quantize(data((k, n), seed + 1), axis=0)), {"lhs_from_mT": True}
+    raise ValueError(layout_name)
+
+
+def _dense_args(layout_name: str, m: int, n: int, k: int, seed: int):
+    """BF16 operands of the same GEMM, stored as the layout stores them, and the dot."""
+    if layout_name == "fprop":
+        return (_random_bf16((m, k), seed), _random_bf16((k, n), seed + 1)), jnp.dot
+    if layout_name == "dgrad":  # W stored (n, k)
+        return (_random_bf16((m, k), seed), _random_bf16((n, k), seed + 1)), (
+            lambda g, w: jnp.dot(g, w.T))
+    if layout_name == "wgrad":  # X stored (k, m)
+        return (_random_bf16((k, m), seed), _random_bf16((k, n), seed + 1)), (
+            lambda x, g: jnp.dot(x.T, g))
     raise ValueError(layout_name)
 
 
@@ -307,7 +328,10 @@ def main(argv: list[str] | None = None) -> None:
     """Benchmarks the kernel vs XLA dequantize+dot vs BF16 ``jnp.dot`` (TFLOP/s).
 
     ``--layouts`` adds the dgrad and wgrad layouts at 8192³; ``--sweep`` times a few
-    tuning configs at 8192³ and for the skinny shape.
+    tuning configs at 8192³ and for the skinny shape. ``--mainloops`` instead prints
+    the mainloop table (`_mainloops`: BF16, XLA, serial and pipelined in the three
+    layouts at 4096³ and 8192³, and their bits on exact-sum data), after the sweep if
+    both are asked for.
     """
     import sys
 
@@ -316,6 +340,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     dev = jax.devices()[0]
     print(f"{dev.device_kind}, jax {jax.__version__}", flush=True)
+    if "--mainloops" in argv:
+        if "--sweep" in argv:
+            _sweep(quantize)
+        _mainloops(quantize)
+        return
     xla_ref = jax.jit(reference)
     bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.bfloat16))
     print(f"{'layout':>6} {'M,N,K':>16} {'pallas':>8} {'xla-deq':>8} {'bf16':>8} "
@@ -346,6 +375,10 @@ def _sweep(quantize) -> None:
     """Times a few tuning configs (for choosing the defaults)."""
     big = [
         LARGE_CONFIG,
+        PIPELINED_CONFIG,
+        dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=2),
+        dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=16),
+        dataclasses.replace(PIPELINED_CONFIG, grid_minor_dim=MatmulDimension.M),
         dataclasses.replace(LARGE_CONFIG, max_concurrent_steps=6),
         dataclasses.replace(LARGE_CONFIG, wg_dimension=MatmulDimension.M),
         dataclasses.replace(LARGE_CONFIG, grid_tile_width=16),
@@ -368,6 +401,75 @@ def _sweep(quantize) -> None:
             except Exception as e:  # noqa: BLE001 - report and go on (e.g. SMEM overflow)
                 print(f"sweep {m},{n},{k}: failed {type(e).__name__}: {str(e)[:200]}  {cfg}",
                       flush=True)
+
+
+def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
+               interpret: bool = False) -> None:
+    """Times BF16 ``jnp.dot`` (the same layout's transposes), the XLA path (decode +
+    dot), the serial mainloop (`LARGE_CONFIG`, the default) and the pipelined one
+    (`PIPELINED_CONFIG`) at ``sizes``³ in the fprop, dgrad and wgrad layouts, all with
+    BF16 output; checks both mainloops bit for bit against the XLA path on exact-sum
+    data (``exact_mnk``, every layout); prints the table last. ``interpret``: a CPU
+    smoke run of the same code (one call per timing)."""
+    from pallas_kernels.gemm_data import exact_sum_data  # noqa: PLC0415 - bench data
+
+    def seconds(f, args_list):  # one call in a smoke run
+        if interpret:
+            return timing.time_fn(f, args_list, warmup=0, iters=1, reps=1)
+        return timing.time_fn(f, args_list, warmup=len(args_list), iters=15, reps=10)
+
+    bf16 = jnp.bfloat16
+    matmul_ = functools.partial(matmul, interpret=interpret)
+    xla_ref = jax.jit(functools.partial(reference, preferred_element_type=bf16))
+    kernels = {"serial": LARGE_CONFIG, "pipelined": PIPELINED_CONFIG}
+    rows, bits = [], []
+    for size in sizes:
+        for layout_name in ("fprop", "dgrad", "wgrad"):
+            m = n = k = size
+            ops, kw = _layout_args(quantize, layout_name, m, n, k, seed=size)
+            dense, dot = _dense_args(layout_name, m, n, k, seed=size)
+            times = {"bf16": seconds(jax.jit(lambda a, b, d=dot: d(a, b).astype(bf16)),
+                                      [dense]),
+                     "xla": seconds(xla_ref, [ops])}
+            want = xla_ref(*ops)
+            errs = {}
+            for name, cfg in kernels.items():
+                f = functools.partial(matmul_, config=cfg, preferred_element_type=bf16, **kw)
+                try:
+                    times[name] = seconds(f, [ops])
+                    got = f(*ops).astype(jnp.float32)
+                    errs[name] = float(jnp.linalg.norm(got - want.astype(jnp.float32))
+                                       / jnp.linalg.norm(want.astype(jnp.float32)))
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    print(f"{layout_name} {size}: {name} failed {type(e).__name__}: "
+                          f"{str(e)[:300]}", flush=True)
+                    times[name], errs[name] = float("nan"), float("nan")
+            print(f"{layout_name} {size}³ ms: " + ", ".join(
+                f"{key} {1e3 * t:.3f}" for key, t in times.items())
+                + f"; rel.err vs XLA {errs}", flush=True)
+            rows.append((layout_name, size, times))
+    for layout_name in ("fprop", "dgrad", "wgrad"):
+        ops, kw = _layout_args(quantize, layout_name, *exact_mnk, seed=7, data=exact_sum_data)
+        want = np.asarray(xla_ref(*ops)).view(np.uint16)
+        for name, cfg in kernels.items():
+            try:
+                got = matmul_(*ops, config=cfg, preferred_element_type=bf16, **kw)
+                bits.append((layout_name, name, bool(np.array_equal(
+                    np.asarray(got).view(np.uint16), want))))
+            except Exception as e:  # noqa: BLE001 - report and go on
+                bits.append((layout_name, name, f"failed {type(e).__name__}"))
+    print(f"\nMainloops, {jax.devices()[0].device_kind}, jax {jax.__version__}, BF16 output; "
+          "TFLOP/s (x BF16 jnp.dot of the same run)", flush=True)
+    print(f"{'layout':>6} {'M=N=K':>6} {'bf16':>7} {'xla':>13} {'serial':>13} "
+          f"{'pipelined':>13} {'pipe/serial':>11}")
+    for layout_name, size, t in rows:
+        tf = {key: _tflops(size, size, size, v) for key, v in t.items()}
+        cells = " ".join(f"{tf[key]:7.1f} ({t['bf16'] / t[key]:4.2f})"
+                         for key in ("xla", "serial", "pipelined"))
+        print(f"{layout_name:>6} {size:>6} {tf['bf16']:7.1f} {cells} "
+              f"{t['serial'] / t['pipelined']:11.2f}")
+    print(f"bits on exact-sum data ({'×'.join(map(str, exact_mnk))}) vs the XLA path: " + ", ".join(
+        f"{layout_name} {name} {ok}" for layout_name, name, ok in bits), flush=True)
 
 
 if __name__ == "__main__":

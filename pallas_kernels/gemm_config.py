@@ -57,6 +57,13 @@ class TuningConfig:
         ``mul.bf16x2`` does); ``"normal"`` never forms a subnormal: it builds the
         normal BF16 numbers ``{.5, .75, 1, 1.5, 2, 3, 4, 6}`` and takes
         ``min(r, 2r - 1)`` (two more BF16x2 ops per two elements).
+      mainloop: ``"serial"`` (default, `pallas_kernels.gemm_kernel`): each consumer
+        warpgroup decodes the operand tiles it needs (the CTA's shared one twice), then
+        multiplies and waits. ``"pipelined"`` (`pallas_kernels.gemm_pipelined`, needs
+        `PIPELINED_CONFIG`'s tiles and ``decode="subnormal"``): each warpgroup decodes
+        its lhs rows into registers and half of the rhs tile into a buffer both
+        multiply with, and decodes a 64-wide substep while the tensor cores multiply
+        the previous one.
     """
 
     tile_m: int = 128
@@ -72,10 +79,22 @@ class TuningConfig:
     num_sms: int | None = None
     auto_barriers: bool = False
     decode: str = "subnormal"
+    mainloop: str = "serial"
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
             raise ValueError(f"decode must be 'subnormal' or 'normal', got {self.decode!r}")
+        if self.mainloop not in ("serial", "pipelined"):
+            raise ValueError(f"mainloop must be 'serial' or 'pipelined', got {self.mainloop!r}")
+        if self.mainloop == "pipelined":
+            tiles = (self.tile_m, self.tile_n, self.wg_dimension)
+            if (tiles != (64, 256, MatmulDimension.M) or self.tile_k % 128
+                    or self.decode != "subnormal"):
+                raise ValueError(
+                    "mainloop='pipelined' takes tile_m=64, tile_n=256, tile_k a multiple "
+                    "of 128, wg_dimension=M and decode='subnormal', got "
+                    f"{(self.tile_m, self.tile_n, self.tile_k)}, {self.wg_dimension.name}, "
+                    f"{self.decode!r}")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:
@@ -110,6 +129,14 @@ class TuningConfig:
 
 LARGE_CONFIG = TuningConfig()
 """Default for large GEMMs: CTA tile 128×256×64 (warpgroups split N), 4 stages."""
+
+PIPELINED_CONFIG = TuningConfig(
+    tile_m=64, tile_n=256, tile_k=128, max_concurrent_steps=3,
+    wg_dimension=MatmulDimension.M, mainloop="pipelined",
+)
+"""The pipelined mainloop (`pallas_kernels.gemm_pipelined`): CTA tile 128×256, each
+consumer warpgroup 64×256, 3 stages of 128 packed K (two 64-wide substeps each); not a
+default yet."""
 
 SKINNY_CONFIG = TuningConfig(
     tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=6, k_splits=2,

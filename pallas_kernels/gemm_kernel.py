@@ -50,7 +50,8 @@ from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.gemm_config import MatmulDimension, TuningConfig
 
 
-def _swizzled(minor_bytes: int, bits: int, what: str) -> tuple[Any, ...]:
+def swizzled(minor_bytes: int, bits: int, what: str) -> tuple[Any, ...]:
+    """SMEM transforms of a tile with ``minor_bytes`` per row: (8, swizzle) tiles, swizzled."""
     swizzle = plgpu.find_swizzle(minor_bytes * 8, what)
     return (
         plgpu.TilingTransform((8, swizzle * 8 // bits)),
@@ -95,8 +96,8 @@ def _kernel(
     wg_on_m = cfg.wg_dimension == MatmulDimension.M
 
     # Swizzle widths follow the per-warpgroup slices, so the slices stay tile-aligned.
-    lhs_tf = _swizzled(tm, 8, "lhs") if p.lhs_cols else _swizzled(tk // 2, 8, "lhs")
-    rhs_tf = _swizzled(tk, 8, "rhs") if p.rhs_cols else _swizzled(tn, 8, "rhs")
+    lhs_tf = swizzled(tm, 8, "lhs") if p.lhs_cols else swizzled(tk // 2, 8, "lhs")
+    rhs_tf = swizzled(tk, 8, "rhs") if p.rhs_cols else swizzled(tn, 8, "rhs")
     in_specs = [
         plgpu.BlockSpec(
             (tk // 2, cta_tm) if p.lhs_cols else (cta_tm, tk // 2),
@@ -169,7 +170,7 @@ def _kernel(
                         acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
                         out_tile = out_gmem.at[b]
                     out_tile = out_tile.at[m_sl, n_sl].at[wg_m, wg_n]
-                    _store_epilogue(acc, out_smem.at[wg], out_tile, cfg)
+                    store_epilogue(acc, out_smem.at[wg], out_tile, cfg)
 
             def mma_body(_, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref):
                 if p.lhs_cols:
@@ -231,8 +232,10 @@ def _kernel(
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _store_epilogue(acc: jax.Array, out_smem, out_tile, cfg: TuningConfig) -> None:
-    """Stores a (tile_m, tile_n) accumulator through SMEM with TMA, in slices."""
+def store_epilogue(acc: jax.Array, out_smem, out_tile, cfg: TuningConfig,
+                   store: Any = None) -> None:
+    """Stores a (tile_m, tile_n) accumulator through SMEM with TMA, in slices;
+    ``store(slice, smem_ref)`` writes one slice (default: ``smem_ref[...] = slice``)."""
     em, en = cfg.epi_tile_m, cfg.epi_tile_n
     n_epi = cfg.tile_n // en
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous tile's stores
@@ -244,7 +247,11 @@ def _store_epilogue(acc: jax.Array, out_smem, out_tile, cfg: TuningConfig) -> No
             plgpu.wait_smem_to_gmem(out_smem.shape[0] - 1, wait_read_only=True)
             if not cfg.auto_barriers:
                 plgpu.commit_smem()
-            out_smem.at[slot][...] = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
+            part = acc[i * em:(i + 1) * em, j * en:(j + 1) * en]
+            if store is None:
+                out_smem.at[slot][...] = part
+            else:
+                store(part, out_smem.at[slot])
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(
                 out_smem.at[slot], out_tile.at[pl.ds(i * em, em), pl.ds(j * en, en)]
@@ -276,7 +283,7 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
         out_shape = (cfg.k_splits,) + out_shape
     bits = jnp.dtype(out_dtype).itemsize * 8
     num_out_slots = min(2, (tm * tn) // (cfg.epi_tile_m * cfg.epi_tile_n))
-    bf16_tf = _swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
+    bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
     if p.lhs_cols:
         a_dec = plgpu.SMEM((2, tk, tm), jnp.bfloat16, transforms=bf16_tf)
     elif interpret:
@@ -287,7 +294,7 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     scratch = {
         "out_smem": plgpu.SMEM(
             (2, num_out_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
-            transforms=_swizzled(cfg.epi_tile_n * bits // 8, bits, "out"),
+            transforms=swizzled(cfg.epi_tile_n * bits // 8, bits, "out"),
         ),
         "a_dec_smem": a_dec,
         "b_dec_smem": plgpu.SMEM(b_dec_shape, jnp.bfloat16, transforms=bf16_tf),

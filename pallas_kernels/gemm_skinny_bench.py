@@ -30,6 +30,7 @@ import numpy as np
 
 from pallas_kernels import gemm, gemm_skinny, timing
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
+from pallas_kernels.gemm_data import exact_sum_data
 
 _L2_DEFEAT_BYTES = 192 * 2**20  # rotate at least this many bytes of weights
 
@@ -50,27 +51,6 @@ def _kernel_only(lhs, rhs, cfg, interpret):
     args, p = gemm_skinny.operands(lhs, rhs, jnp.bfloat16)
     f = jax.jit(lambda *a: gemm_skinny.call_kernel(*a, p, cfg, interpret))
     return f, (*args, jnp.ones((1,), jnp.float32))
-
-
-def exact_sum_data(shape: tuple[int, int], seed: int) -> jax.Array:
-    """E2M1-grid values times 2**t per 16×16 tile (t = 0 or 1), with a ±6·2**t in every
-    16-block, float32 ``shape``: once quantized the codes are the grid values and the
-    scales (224 or 448) differ from tile to tile, so a misplaced scale shows, and for
-    K <= 512 every float32 sum of a GEMM of two such operands is exact: a multiple of
-    49 · 2**e · 0.25 (E4M3's 448 = 7 · 2**6) of at most 512 · 36 · 4 · 4 units, and
-    49 · 294912 < 2**24.
-
-    Example:
-      >>> exact_sum_data((32, 16), 0).shape
-      (32, 16)
-    """
-    grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
-    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
-    x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
-        jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
-    x = x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
-    t = jax.random.randint(k3, (-(-shape[0] // 16), shape[1] // 16), 0, 2)
-    return x * jnp.exp2(t.astype(jnp.float32)).repeat(16, 0)[:shape[0]].repeat(16, 1)
 
 
 def _exact_operands(quantize, layout, m, n, k, seed):

@@ -9,14 +9,14 @@ the output in global memory. Both are written at the Mosaic GPU level
 and `store_plan`. Interpret mode (CPU) decodes with ``jnp`` in the natural row order
 (the column permutation is kept: the activations are permuted to match it).
 
-Integer recipe (`_decode_word`): of a 32-bit word of four code bytes, ``u`` and ``v``
-are the low and high nibbles (``w & 0x0F0F0F0F``, ``(w >> 4) & 0x0F0F0F0F``); one
-``prmt`` per A register gathers its two codes into the low bytes of the two halves
-(zero bytes elsewhere: selector nibble 8, the sign of a byte <= 15), then
-``y · (2**6 + 2**12)`` puts each code's bits 0-2 at bits 6-8 and bit 3 at bit 15 of its
-half (no carries: ``y`` has bits 0-3 and 16-19 only), and one mask keeps exactly those:
-the BF16 pattern of ``e2m1(c) · 2**-126`` (code 1 a subnormal, kept by the BF16 multiply),
-times the BF16 factor ``s · 2**118``.
+Integer recipe (`pallas_kernels.wgmma_regs.decode_word`): of a 32-bit word of four code
+bytes, ``u`` and ``v`` are the low and high nibbles (``w & 0x0F0F0F0F``,
+``(w >> 4) & 0x0F0F0F0F``); one ``prmt`` per A register gathers its two codes into the
+low bytes of the two halves (zero bytes elsewhere: selector nibble 8, the sign of a
+byte <= 15), then ``y · (2**6 + 2**12)`` puts each code's bits 0-2 at bits 6-8 and bit 3
+at bit 15 of its half (no carries: ``y`` has bits 0-3 and 16-19 only), and one mask
+keeps exactly those: the BF16 pattern of ``e2m1(c) · 2**-126`` (code 1 a subnormal, kept
+by the BF16 multiply), times the BF16 factor ``s · 2**118``.
 
 Example:
   >>> from pallas_kernels import gemm_skinny_decode as sd
@@ -40,23 +40,13 @@ from fp4jax.numerics.nvfp4_array import e2m1_to_f32
 from pallas_kernels import gemm_decode as dec
 from pallas_kernels import gemm_skinny_layouts as sl
 from pallas_kernels.gemm_skinny_layouts import WG_ROWS, Variant
+from pallas_kernels.wgmma_regs import BF16_MASK, NIBBLES, SPREAD_MUL  # noqa: F401 - tests
+from pallas_kernels.wgmma_regs import decode_word as _decode_word
+from pallas_kernels.wgmma_regs import i32 as _i32
+from pallas_kernels.wgmma_regs import pallas_layout as _pallas
 
 LOG2_DECODE_SCALE = dec.LOG2_DECODE_SCALE  # decoded weights are e2m1 · s · 2**-8
 ACC_UNSCALE = np.float32(2.0**LOG2_DECODE_SCALE)  # the activations are decoded unscaled
-NIBBLES = 0x0F0F0F0F
-SPREAD_MUL = (1 << 6) | (1 << 12)
-BF16_MASK = dec.MAG_MASK | dec.SIGN_MASK
-
-
-def _pallas(layout):
-    return plgpu.Layout.TILED(layout.tiling, warp_dims=layout.warp_dims,
-                              lane_dims=layout.lane_dims, vector_dim=layout.vector_dim)
-
-
-def _i32(x: int) -> ir.Value:
-    i32 = ir.IntegerType.get_signless(32)
-    return arith.constant(i32, ir.IntegerAttr.get(i32, x - 2**32 if x >= 2**31 else x))
-
 
 SCALE_EXP_BIAS = 127 + 118 - 10  # f32 exponent field of 2**(e - 10 + 118)
 
@@ -83,19 +73,6 @@ def _scale_factor(reg: ir.Value, pos: int) -> ir.Value:
     bits = arith.select(nan, _i32(0x7FC00000), bits)
     s = arith.truncf(bf16, arith.bitcast(f32, bits))
     return vector.broadcast(ir.VectorType.get((2,), bf16), s)
-
-
-def _decode_word(word: ir.Value, selectors) -> list[ir.Value]:
-    """i32 of four code bytes -> one bf16x2 ``e2m1 · 2**-126`` per ``prmt`` selector."""
-    u = arith.andi(word, _i32(NIBBLES))
-    v = arith.andi(arith.shrui(word, _i32(4)), _i32(NIBBLES))
-    bf16x2 = ir.VectorType.get((2,), ir.BF16Type.get())
-    out = []
-    for sel in selectors:
-        y = mgpu_utils.prmt(u, v, _i32(sel))
-        bits = arith.andi(arith.muli(y, _i32(SPREAD_MUL)), _i32(BF16_MASK))
-        out.append(mgpu_utils.bitcast(bits, bf16x2))
-    return out
 
 
 def _decode_mgpu(variant: Variant, codes: mgpu.FragmentedArray,

@@ -42,12 +42,11 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu.fragmented_array import Replicated, TiledLayout, Tiling
 
 from fp4jax.numerics.constants import BLOCK
+from pallas_kernels.wgmma_regs import ZERO_BYTE
+from pallas_kernels.wgmma_regs import tiled_layout as _layout
 
 WG_ROWS = 128
 """A rows (output columns) per consumer warpgroup: two ``m64`` wgmma groups."""
-
-ZERO_BYTE = 0x8
-"""A ``prmt`` selector nibble giving a zero byte: the sign of a byte <= 15 (nibbles)."""
 
 
 def fprop_row(rho: int) -> int:
@@ -72,11 +71,6 @@ def dgrad_col(kappa: int) -> int:
     16-block): lane ``c``'s pairs ``2c, 2c+1`` and ``2c+8, 2c+9`` are its word's bytes."""
     q, c, v = kappa // 8, (kappa // 2) % 4, kappa % 2
     return 16 * (q // 2) + 4 * c + 2 * (q % 2) + v
-
-
-def _layout(tiles, warp_dims, lane_dims, vector_dim) -> TiledLayout:
-    return TiledLayout(Tiling(tiles), warp_dims=warp_dims, lane_dims=lane_dims,
-                       vector_dim=vector_dim, _check_canonical=False).canonicalize()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Helpers shared by the kernel tests: bitwise NVFP4Array comparison, test data, and the
-interpret-mode worker subprocess."""
+"""Helpers shared by the kernel tests: bitwise NVFP4Array comparison, test data (also the
+GEMM operands of the three training layouts), and the interpret-mode worker subprocess."""
 
 import json
 import os
@@ -44,6 +44,47 @@ def data(shape, dtype=jnp.bfloat16, seed=0):
     flat = x.reshape(-1, shape[-1])
     flat = flat.at[0, :16].set(0).at[1, 3].set(-0.0).at[2, 5].set(1e-30).at[3, 16:32].multiply(1e-5)
     return flat.reshape(shape)
+
+
+def normal_data(shape, seed):
+    """Standard normal float32 values."""
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def exact_grid_data(shape, seed):
+    """E2M1-grid values with a ±6 in every 16-block along both axes: every block scale
+    is 448, the codes are the values, and (for K ≤ 512) every float32 sum is exact."""
+    grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
+        jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
+    return x.at[..., :, ::16].set(6.0).at[..., ::16, :].set(-6.0)
+
+
+def layout_operands(layout, m, n, k, *, exact=False, seed=0):
+    """(lhs, rhs, kwargs) of the ``layout`` GEMM with output (m, n), contraction k:
+    fprop ``X @ W`` (W 16×16-tiled), dgrad ``dY @ W.mT``, wgrad ``X.mT @ dY`` (both blocked
+    along the tokens; ``lhs_from_mT``), wgrad_plain (the same without the flag)."""
+    from fp4jax.reference.quantization import quantize  # noqa: PLC0415 - test data only
+
+    data = exact_grid_data if exact else normal_data
+    if layout == "fprop":  # Y = X W: X blocked along K, W 2D-tiled.
+        x, w = data((m, k), seed), data((k, n), seed + 1)
+        return quantize(x), quantize(w, axis=0, block_2d=True), {}
+    if layout == "dgrad":  # dX = dY W^T: dY (m, k) blocked along k, W (n, k) 2D-tiled.
+        g, w = data((m, k), seed), data((n, k), seed + 1)
+        return quantize(g), quantize(w, axis=0, block_2d=True).mT, {}
+    if layout in ("wgrad", "wgrad_plain"):  # dW = X^T dY, both blocked along tokens.
+        x, g = data((k, m), seed), data((k, n), seed + 1)
+        kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
+        return quantize(x, axis=0).mT, quantize(g, axis=0), kw
+    raise ValueError(layout)
+
+
+def abstract_layout_operands(layout, m, n, k):
+    """Like `layout_operands`, as shapes only (for tests that only trace)."""
+    lhs, rhs = jax.eval_shape(lambda: layout_operands(layout, m, n, k)[:2])
+    return lhs, rhs, ({"lhs_from_mT": True} if layout == "wgrad" else {})
 
 
 def poison_allocator(nbytes: int):

@@ -23,45 +23,13 @@ from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
 from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, default_config
+from tests.kernels.nvfp4_bits import abstract_layout_operands as _abstract_operands
 from tests.kernels.nvfp4_bits import compare_outputs, interpret_worker_results, worker_main
+from tests.kernels.nvfp4_bits import exact_grid_data as _exact
+from tests.kernels.nvfp4_bits import layout_operands as _layout_operands
+from tests.kernels.nvfp4_bits import normal_data as _normal
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
-
-
-def _normal(shape, seed):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def _exact(shape, seed):
-    """E2M1-grid values with a ±6 in every 16-block along both axes: every block scale
-    is 448, the codes are the values, and (for K ≤ 512) every float32 sum is exact."""
-    grid = jnp.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], jnp.float32)
-    k1, k2 = jax.random.split(jax.random.key(seed))
-    x = grid[jax.random.randint(k1, shape, 0, 8)] * jnp.where(
-        jax.random.bernoulli(k2, 0.5, shape), -1.0, 1.0)
-    return x.at[..., :, ::16].set(6.0).at[..., ::16, :].set(-6.0)
-
-
-def _layout_operands(layout, m, n, k, *, exact=False, seed=0):
-    """(lhs, rhs, kwargs) of the ``layout`` GEMM with output (m, n), contraction k."""
-    data = _exact if exact else _normal
-    if layout == "fprop":  # Y = X W: X blocked along K, W 2D-tiled.
-        x, w = data((m, k), seed), data((k, n), seed + 1)
-        return quantize(x), quantize(w, axis=0, block_2d=True), {}
-    if layout == "dgrad":  # dX = dY W^T: dY (m, k) blocked along k, W (n, k) 2D-tiled.
-        g, w = data((m, k), seed), data((n, k), seed + 1)
-        return quantize(g), quantize(w, axis=0, block_2d=True).mT, {}
-    if layout in ("wgrad", "wgrad_plain"):  # dW = X^T dY, both blocked along tokens.
-        x, g = data((k, m), seed), data((k, n), seed + 1)
-        kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
-        return quantize(x, axis=0).mT, quantize(g, axis=0), kw
-    raise ValueError(layout)
-
-
-def _abstract_operands(layout, m, n, k):
-    """Like `_layout_operands`, as shapes only (for tests that only trace)."""
-    lhs, rhs = jax.eval_shape(lambda: _layout_operands(layout, m, n, k)[:2])
-    return lhs, rhs, ({"lhs_from_mT": True} if layout == "wgrad" else {})
 
 
 # ----------------------------------------------------------------------------------------

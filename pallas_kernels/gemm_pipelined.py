@@ -1,0 +1,329 @@
+"""The pipelined Hopper NVFP4 GEMM mainloop (``TuningConfig.mainloop = "pipelined"``).
+
+One CTA = 2 consumer warpgroups + 1 TMA producer warpgroup, persistent over 128×256
+output tiles (`plgpu.emit_pipeline_warp_specialized`: packed codes and block factors in
+3 stages of 128 K). Each stage is two 64-wide substeps; per substep each consumer
+warpgroup (64 output rows × 256 columns):
+
+1. decodes its 64 lhs rows straight into ``wgmma``'s register A operand (one 64-bit
+   shared-memory load per row and thread for an lhs stored ``(M, K/2)``, 16-bit loads of
+   two adjacent rows for one stored ``(K/2, M)``; `gemm_pipelined_layouts`);
+2. decodes its half (64 × 128) of the substep's rhs tile into one of 3 decoded buffers in
+   shared memory (64-bit loads, 128-bit stores), which both warpgroups multiply with;
+3. arrives on the buffer's barrier and waits for the other warpgroup's half, issues the
+   substep's ``wgmma`` (m64n256k16 × 4) and waits only for the *previous* substep's: the
+   decode of one substep runs while the tensor cores multiply the one before.
+
+Two rules keep this correct. A ``wgmma`` reads its A registers until it completes, so
+consecutive substeps must not reuse them: the two substeps of a stage are separate
+registers (separate values in one loop iteration), and a substep's registers are
+written again one stage later, after the wait that retires their wgmma (this is why a
+stage holds two substeps: with one, the next iteration would rewrite the registers of a
+wgmma in flight). And three decoded buffers need no "consumed" barrier: a warpgroup
+that writes buffer s % 3 in substep s has passed the barrier of substep s-1, so the
+other warpgroup had finished substep s-2, including its wait for the wgmma of substep
+s-3, the last reader of that buffer.
+
+Why this shape (arithmetic per 64-wide substep of a 128×256 CTA tile, H200, one SM):
+
+* ``wgmma``: 2·128·256·64 = 4.19 MFLOP = 1024 cycles at the dense BF16 peak (4096
+  FLOP/cycle/SM); BF16 ``jnp.dot`` runs at ~70% of it (692 TFLOP/s at 8192³), ~1460
+  cycles, so 0.95× BF16 leaves ~1540 cycles per substep.
+* Decode: (128 + 256)·64 = 24576 elements = 12288 pairs, each once. The serial mainloop
+  (`gemm_kernel`, the default) decodes the lhs tile in both warpgroups: 16384 pairs,
+  with a byte load per lhs pair, a 32-bit store per rhs pair and ~7 instructions per
+  pair, and each warpgroup then waits for its own wgmma (decode and MMA alternate).
+  Here: 3 integer instructions per pair (`wgmma_regs.decode_pair`) plus 3 per 32-bit
+  word for the nibble planes and one bf16x2 multiply; loads 1/8 to 1/2 per pair, 1/4
+  store per rhs pair (the lowered module has exactly 48 ``prmt`` per thread and
+  substep: 16 lhs + 32 rhs pairs). ≈ 3.1 ALU-pipe instructions per pair: 38K lane-ops
+  = 1190 warp instructions = ~600 cycles of the ALU pipe (2 warp instructions per cycle
+  per SM), ~40% of the substep; IMAD + HMUL2 ~380 cycles of the FMA pipe; ~5.5
+  instructions per pair in all ≈ 2100 warp instructions = ~530 issue cycles of the 4
+  schedulers, ~35%.
+* Shared memory per substep: TMA writes 15 KB, decode reads ~17 KB, decoded rhs writes
+  32 KB, wgmma reads the rhs (64×256 BF16) once per warpgroup: 64 KB; ≈ 128 KB = 83
+  B/cycle at 1540 cycles, 65% of the 128 B/cycle (cuBLAS's BF16 128×256 mainloop moves
+  about as much). A separate decode warpgroup writing both operands to SMEM (option
+  (a)) would add the lhs's 16 KB store and 16 KB of wgmma reads per substep and leave
+  the MMA warpgroups only the registers a four-warpgroup setmaxnreg split allows; a
+  256×128 tile decodes the same pairs but needs 128 accumulator + 2·32 A registers per
+  thread for the overlap (64×256 per warpgroup: 128 + 2·16).
+* Registers per consumer thread: 128 (accumulator) + 2×16 (A of two substeps) + decode
+  temporaries, under the 232 that ``memory_registers=40`` leaves.
+* SMEM: 3 stages × 30 KB + 3 decoded buffers × 32 KB + the epilogue's 32 KB (two 64×64
+  slices per warpgroup in BF16, one in float32) = 218 KB of the 227 KB.
+
+So the decode fits under the tensor-core time with margin on every pipe, provided it
+overlaps the MMA, which step 3 arranges. What is *not* verified on this host: the
+speed, ptxas's register allocation (a spill, or a wgmma it serializes, would show in
+the GPU timing and in ``MOSAIC_GPU_DUMP_PTXAS=1``'s report), and the bank-conflict
+patterns beyond Mosaic's own check at lowering.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from pallas_kernels import gemm_config, gemm_kernel, gemm_pipelined
+  >>> p = gemm_kernel.Problem(1, 128, 256, 512, False, False, jnp.float32)
+  >>> args = [jax.ShapeDtypeStruct(s, d) for s, d in (((1, 128, 256), jnp.uint8),
+  ...         ((1, 32, 128), jnp.bfloat16), ((1, 256, 256), jnp.uint8),
+  ...         ((1, 32, 256), jnp.bfloat16), ((1,), jnp.float32))]
+  >>> cfg = gemm_config.PIPELINED_CONFIG
+  >>> f = lambda *a: gemm_pipelined.call_kernel(*a, p, cfg, False)
+  >>> jax.eval_shape(f, *args).shape  # traces the kernel, runs nothing
+  (1, 128, 256)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from fp4jax.numerics.constants import BLOCK
+from pallas_kernels import gemm_decode as dec
+from pallas_kernels import gemm_pipelined_decode as pd
+from pallas_kernels import gemm_pipelined_layouts as pl_
+from pallas_kernels import tma_pipeline as tp
+from pallas_kernels.gemm_config import TuningConfig
+from pallas_kernels.gemm_kernel import Problem, store_epilogue, swizzled
+from pallas_kernels.gemm_pipelined_layouts import HALF_N, TILE_K, WG_M
+
+B_SLOTS = 3
+"""Decoded rhs buffers (see the module docstring for why three need no release barrier)."""
+
+
+def _kernel(
+    lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem,
+    out_gmem, out_smem, a_smem, b_dec_smem, b_full,
+    *, p: Problem, cfg: TuningConfig, interpret: bool,
+):
+    """One persistent CTA: loops over output tiles, pipelines packed K-tiles.
+
+    Refs (batch-major; GMEM): as `pallas_kernels.gemm_kernel` except the rhs factors of
+    an rhs stored ``(N/2, K)``: one per 16×16 tile, ``(B, K/16, N/16)``.
+    """
+    a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
+    tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
+    m_iters, n_iters = p.m // cta_tm, p.n // cta_tn
+    k_per_split = p.k // cfg.k_splits
+    k_iters = k_per_split // tk
+    split_out = cfg.k_splits > 1
+
+    substeps = tk // TILE_K
+
+    # Swizzles follow the per-warpgroup and per-substep slices, so they stay whole tiles.
+    lhs_tf = swizzled(WG_M, 8, "lhs") if p.lhs_cols else swizzled(TILE_K // 2, 8, "lhs")
+    rhs_tf = swizzled(TILE_K, 8, "rhs") if p.rhs_cols else swizzled(HALF_N, 8, "rhs")
+    in_specs = [
+        plgpu.BlockSpec(
+            (tk // 2, cta_tm) if p.lhs_cols else (cta_tm, tk // 2),
+            (lambda k: (k, 0)) if p.lhs_cols else (lambda k: (0, k)),
+            transforms=lhs_tf,
+        ),
+        plgpu.BlockSpec((tk // BLOCK, cta_tm), lambda k: (k, 0)),
+        plgpu.BlockSpec(
+            (cta_tn // 2, tk) if p.rhs_cols else (tk // 2, cta_tn),
+            (lambda k: (0, k)) if p.rhs_cols else (lambda k: (k, 0)),
+            transforms=rhs_tf,
+        ),
+        plgpu.BlockSpec((tk // BLOCK, cta_tn // BLOCK if p.rhs_cols else cta_tn),
+                        lambda k: (k, 0)),
+    ]
+
+    def get_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(k_iters,),
+            memory_registers=40,
+            in_specs=in_specs,
+            wg_axis="wg",
+            num_compute_wgs=2,
+            max_concurrent_steps=cfg.max_concurrent_steps,
+            compute_context=compute_context,
+        )
+
+    def ignore(*_, **__):
+        return None
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=get_pipeline(ignore, ignore).get_allocations(
+            lhs_gmem.at[0], lhs_scales_gmem.at[0], rhs_gmem.at[0], rhs_scales_gmem.at[0]
+        ),
+        collective_axes="wg",
+    )
+    def _scope(allocs):
+        wg = lax.axis_index("wg")
+        wg_rows = pl.ds(wg * WG_M, WG_M)
+        wg_half = pl.ds(wg * HALF_N, HALF_N)
+
+        @plgpu.nd_loop(
+            (p.batch * cfg.k_splits * m_iters * n_iters,), collective_axes="sm"
+        )
+        def _tile_loop(info: plgpu.NDLoopInfo):
+            (lin,) = info.index
+            bk, mn = lin // (m_iters * n_iters), lin % (m_iters * n_iters)
+            b, ks = bk // cfg.k_splits, bk % cfg.k_splits
+            m_idx, n_idx = plgpu.planar_snake(
+                mn, (m_iters, n_iters), cfg.grid_minor_dim, cfg.grid_tile_width
+            )
+            m_sl = pl.ds(m_idx * cta_tm, cta_tm)
+            n_sl = pl.ds(n_idx * cta_tn, cta_tn)
+            k_sl = pl.ds(ks * k_per_split, k_per_split)
+            kp_sl = pl.ds(ks * (k_per_split // 2), k_per_split // 2)
+            ks_sl = pl.ds(ks * (k_per_split // BLOCK), k_per_split // BLOCK)
+
+            def compute_context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((WG_M, cta_tn), jnp.float32))
+                def _acc_scope(acc_ref):
+                    eval_pipeline(acc_ref)
+                    acc = acc_ref[...] * dec.ACC_UNSCALE  # waits for the last wgmma
+                    if split_out:
+                        out_tile = out_gmem.at[ks, b]
+                    else:
+                        acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
+                        out_tile = out_gmem.at[b]
+                    out_tile = out_tile.at[m_sl, n_sl].at[wg_rows, :]
+                    store = None
+                    if p.lhs_cols:  # A rows permuted: the slices are renamed back
+                        def store(part, ref):
+                            pd.store_output(a_op, part, ref, interpret=interpret)
+                    store_epilogue(acc, out_smem.at[wg], out_tile, cfg, store)
+
+            def mma_body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref):
+                # Each substep's A is a separate set of registers: the wgmma of the
+                # previous substep still reads its own while this one is decoded.
+                for h in range(substeps):
+                    step = (info.local_index * k_iters + idx[0]) * substeps + h
+                    slot = lax.rem(step, B_SLOTS)
+                    kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)  # packed rows or bytes
+                    kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)  # scale blocks
+                    codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
+                    a = pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
+                    b_dec = b_dec_smem.at[slot]
+                    if p.rhs_cols:
+                        pd.decode_b(
+                            b_op,
+                            rhs_smem.at[pl.ds(wg * (HALF_N // 2), HALF_N // 2),
+                                        pl.ds(h * TILE_K, TILE_K)],
+                            rhs_s_smem.at[kb, pl.ds(wg * (HALF_N // BLOCK), HALF_N // BLOCK)],
+                            b_dec.at[wg_half], interpret=interpret)
+                        b_ref = b_dec.T
+                    else:
+                        pd.decode_b(b_op, rhs_smem.at[kp, wg_half], rhs_s_smem.at[kb, wg_half],
+                                    b_dec.at[:, wg_half], interpret=interpret)
+                        b_ref = b_dec
+                    plgpu.commit_smem()  # this thread's stores, visible to the async proxy
+                    plgpu.barrier_arrive(b_full.at[slot])
+                    plgpu.barrier_wait(b_full.at[slot])  # the other warpgroup's half
+                    if interpret:  # interpret-mode wgmma takes SMEM operands only
+                        a_smem.at[wg][...] = a
+                        a = a_smem.at[wg]
+                    plgpu.wgmma(acc_ref, a, b_ref)
+                    plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
+                return acc_ref
+
+            lhs_tile = lhs_gmem.at[b]
+            lhs_tile = lhs_tile.at[kp_sl, m_sl] if p.lhs_cols else lhs_tile.at[m_sl, kp_sl]
+            rhs_tile = rhs_gmem.at[b]
+            rhs_tile = (
+                rhs_tile.at[pl.ds(n_idx * (cta_tn // 2), cta_tn // 2), k_sl]
+                if p.rhs_cols else rhs_tile.at[kp_sl, n_sl]
+            )
+            rhs_s_tile = rhs_scales_gmem.at[b].at[
+                ks_sl, pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK) if p.rhs_cols else n_sl]
+            get_pipeline(mma_body, compute_context)(
+                lhs_tile,
+                lhs_scales_gmem.at[b].at[ks_sl, m_sl],
+                rhs_tile,
+                rhs_s_tile,
+                allocations=allocs,
+            )
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+SMEM_BYTES = 227 * 1024
+"""Shared memory of one CTA on an H200 (sm_90)."""
+
+
+def smem_bytes(p: Problem, cfg: TuningConfig, out_bits: int, out_slots: int) -> int:
+    """Bytes of shared memory the kernel allocates (within a few hundred of barriers)."""
+    tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
+    rhs_scales = tk // BLOCK * (cta_tn // BLOCK if p.rhs_cols else cta_tn) * 2
+    stage = cta_tm * tk // 2 + tk // BLOCK * cta_tm * 2 + tk // 2 * cta_tn + rhs_scales
+    decoded = B_SLOTS * TILE_K * cta_tn * 2
+    out = 2 * out_slots * cfg.epi_tile_m * cfg.epi_tile_n * out_bits // 8
+    return cfg.max_concurrent_steps * stage + decoded + out
+
+
+def _out_slots_that_fit(p: Problem, cfg: TuningConfig, out_bits: int) -> int:
+    """Epilogue slots per warpgroup: 2 if they fit in `SMEM_BYTES` (with 2 KB to spare
+    for barriers and alignment), else 1 (float32 output with 3 stages: the TMA store of
+    one slice then ends before the next is written)."""
+    return 2 if smem_bytes(p, cfg, out_bits, 2) + 2048 <= SMEM_BYTES else 1
+
+
+def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
+                cfg: TuningConfig, interpret: bool) -> jax.Array:
+    """Launches the kernel on operands already in its layout.
+
+    Args:
+      lhs_d: (B, M, K/2) uint8 codes, or (B, K/2, M) with ``p.lhs_cols``.
+      lhs_s: (B, K/16, M) bf16 block factors (`gemm_decode.scale_factors`).
+      rhs_d: (B, K/2, N) uint8 codes, or (B, N/2, K) with ``p.rhs_cols``.
+      rhs_s: (B, K/16, N) bf16 factors, or (B, K/16, N/16) (16×16 tiles) with
+        ``p.rhs_cols``.
+      out_scale: (1,) float32 ``fl(gds_lhs · gds_rhs)``.
+      p: the problem (M padded to the CTA tile).
+      cfg: the tuning (``cfg.mainloop == "pipelined"``).
+      interpret: Mosaic GPU interpret mode (CPU).
+
+    Returns:
+      (B, M, N) of ``p.out_dtype``, or with ``k_splits > 1`` (k_splits, B, M, N) float32
+      partial sums before the output scale.
+    """
+    if cfg.mainloop != "pipelined":
+        raise ValueError(f"the pipelined kernel needs mainloop='pipelined', got {cfg.mainloop!r}")
+    out_dtype = jnp.float32 if cfg.k_splits > 1 else p.out_dtype
+    out_shape = (p.batch, p.m, p.n)
+    if cfg.k_splits > 1:
+        out_shape = (cfg.k_splits,) + out_shape
+    bits = jnp.dtype(out_dtype).itemsize * 8
+    num_out_slots = min(2, (cfg.tile_m * cfg.tile_n) // (cfg.epi_tile_m * cfg.epi_tile_n),
+                        _out_slots_that_fit(p, cfg, bits))
+    bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
+    b_shape = (cfg.cta_tile_n, TILE_K) if p.rhs_cols else (TILE_K, cfg.cta_tile_n)
+    a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
+    scratch = {
+        "out_smem": plgpu.SMEM(
+            (2, num_out_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
+            transforms=swizzled(cfg.epi_tile_n * bits // 8, bits, "out"),
+        ),
+        "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
+        "b_dec_smem": plgpu.SMEM((B_SLOTS, *b_shape), jnp.bfloat16, transforms=bf16_tf),
+        "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=B_SLOTS),
+    }
+    num_tiles = p.batch * cfg.k_splits * (p.m // cfg.cta_tile_m) * (p.n // cfg.cta_tile_n)
+    grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
+    kernel = plgpu.kernel(
+        functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        grid=(grid,),
+        grid_names=("sm",),
+        kernel_name="fp4jax_gemm_pipelined",
+        num_threads=3,
+        thread_name="wg",
+        scratch_types=scratch,
+        compiler_params=tp.lane_params(
+            # The decoded buffers are ordered by their barrier (each thread fences its
+            # stores first); the epilogue places its own barriers.
+            unsafe_no_auto_barriers=not cfg.auto_barriers,
+        ),
+        interpret=tp.interpret_params(interpret),
+    )
+    return kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale)
