@@ -9,9 +9,12 @@
 #    substeps of 16 lhs + 32 rhs pairs).
 # The timing table is a separate call: python3 -m pallas_kernels.gemm --mainloops
 # (add --sweep for the config sweep first). Logs to $OUT.
+# The device tool returns at most 8 files from $OUT: the logs and dumps are written under
+# /tmp and packed into one tarball at the end.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH=$PATH:$(dirname $(ls /usr/local/cuda*/bin/nvdisasm 2>/dev/null | head -1) 2>/dev/null)
-OUT=${OUT:-/tmp/pipelined}
+FINAL=${OUT:-/tmp}
+OUT=/tmp/pipelined
 mkdir -p $OUT/dump
 timeout 330 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py \
   > $OUT/test_pipelined.log 2>&1
@@ -33,3 +36,4 @@ for s in $OUT/dump/*pipelined*.sass; do
   python3 benchmarks/sass_loop_counts.py $s --elements-per-thread 192 > $s.counts 2>&1
   echo "== $s"; head -14 $s.counts
 done
+tar czf $FINAL/pipelined.tgz -C $OUT .
