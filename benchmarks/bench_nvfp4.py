@@ -1,6 +1,9 @@
 """fp4jax on the GPU: quantize bandwidth, NVFP4 GEMM throughput, linear layer fwd+bwd.
 
-One run, side by side in one process, median of many warm device-synchronized runs:
+One run, side by side in one process, median of many warm device-synchronized runs
+(parts (a) and (c): `time_fn`, calls dispatched back to back, right for calls of a
+millisecond; part (b): `time_in_program`, per call inside one program, since a skinny
+GEMM takes less device time than the host takes to dispatch a call):
 
   (a) quantize 8192x8192 BF16 -> NVFP4 (1D RNE; two-output RHT+SR): Pallas vs the
       XLA path vs jax.nn's nvfp4 quantization, as a fraction of the HBM copy
@@ -34,9 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
-from pallas_kernels.timing import environment, time_fn
+from pallas_kernels.timing import environment, sets_to_defeat_l2, time_fn, time_in_program
 
 LINEAR = (((1,), (0,)), ((), ()))
+GEMM_CALLS = 16  # per program in part (b); the time per call is the slope of 16 and 32 calls
+TIMERS = ("timers: (a), (c) time_fn (calls dispatched back to back from Python); (b) "
+          f"time_in_program (per call, the slope of {GEMM_CALLS} and {2 * GEMM_CALLS} calls "
+          "in one program: no host dispatch)")
 
 
 def _try(fn):
@@ -133,12 +140,15 @@ def Q_jax_nn(x, cfg):  # noqa: N802 - jax.nn's own nvfp4 quantizer (the peer a u
 
 
 def bench_gemm(shapes, iters: int) -> dict:
+    """GEMM rows, each implementation timed per call inside one program (`time_in_program`)
+    on as many operand sets as defeat the L2 (counted on the NVFP4 operands)."""
     _, _, kmat = _kernels()
     res = {}
     for m, k, n in shapes:
-        keys = jax.random.split(jax.random.key(m + k + n), 4)
-        a = [jax.random.normal(kk, (m, k), jnp.bfloat16) for kk in keys[:2]]
-        b = [jax.random.normal(kk, (k, n), jnp.bfloat16) for kk in keys[2:]]
+        copies = sets_to_defeat_l2((m * k + k * n) * 9 // 16)  # NVFP4: codes + E4M3 scales
+        keys = jax.random.split(jax.random.key(m + k + n), 2 * copies)
+        a = [jax.random.normal(kk, (m, k), jnp.bfloat16) for kk in keys[:copies]]
+        b = [jax.random.normal(kk, (k, n), jnp.bfloat16) for kk in keys[copies:]]
         qa = [fp4jax.quantize(x) for x in a]
         qb = [fp4jax.quantize(x, axis=0, block_2d=True) for x in b]
         flops = 2 * m * k * n
@@ -146,7 +156,7 @@ def bench_gemm(shapes, iters: int) -> dict:
 
         def entry(name, fn, args, flops=flops, row=row):
             def measure():
-                t = time_fn(fn, args, iters=iters)
+                t = time_in_program(fn, args, iters=iters, calls_per_program=GEMM_CALLS)
                 return {"ms": t * 1e3, "tflops": flops / t / 1e12}
             _entry(row, name, measure)
 
@@ -246,7 +256,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip", default="", help="comma list of a,b,c to skip")
     a = p.parse_args(argv)
     skip = set(a.skip.split(","))
-    out = {"env": environment(), "command": " ".join(["python3"] + sys.argv)}
+    out = {"env": environment(), "command": " ".join(["python3"] + sys.argv), "timers": TIMERS}
     if "a" not in skip:
         out["quantize"] = bench_quantize(a.n, a.iters)
     if "b" not in skip:
@@ -260,6 +270,7 @@ def main(argv=None) -> dict:
             json.dump(out, f, indent=1, default=str)
     e = out["env"]
     print(f"\n{e['device']}, jax {e['jax']}, {e['date']}")
+    print(TIMERS)
     if "quantize" in out:
         qd = out["quantize"]
         print(f"\n(a) quantize {a.n}x{a.n} bf16; HBM copy {qd['copy_tb_s']:.2f} TB/s; floor = "

@@ -12,7 +12,9 @@ M <= 64 at N = K = 8192 in the dgrad layout (dY rowwise @ W.mT):
 * the byte floor: weight codes + tile scales + activations + output at the HBM copy
   bandwidth measured in the same run (`pallas_kernels.timing.copy_seconds`),
 
-every time the median of batched calls cycling enough weight copies to defeat the L2.
+every time per call inside one compiled program (`pallas_kernels.timing.time_in_program`:
+the slope of 16 and 32 calls, so the host's dispatch of a call, longer than these calls,
+is not in it), cycling enough weight copies to defeat the L2.
 It then checks the skinny kernel bit for bit against the XLA path on exact-sum data
 and, with ``--sweep``, times a few `SkinnyConfig` variants (fprop M = 16 and 64, dgrad
 M = 16).
@@ -32,13 +34,15 @@ from pallas_kernels import gemm, gemm_skinny, timing
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
 from pallas_kernels.gemm_data import exact_sum_data
 
-_L2_DEFEAT_BYTES = 192 * 2**20  # rotate at least this many bytes of weights
+_CALLS = 16  # per program; the slope of _CALLS and 2 * _CALLS calls is the time per call
+TIMER = (f"timer: pallas_kernels.timing.time_in_program (per call, inside one program: "
+         f"the slope of {_CALLS} and {2 * _CALLS} calls; host dispatch excluded)")
 
 
 def _seconds(f, args_list, quick: bool = False) -> float:
-    if quick:  # a smoke run: one call
-        return timing.time_fn(f, args_list, warmup=0, iters=1, reps=1)
-    return timing.time_fn(f, args_list, warmup=len(args_list), iters=15, reps=10)
+    if quick:  # a smoke run: programs of one and two calls, run once
+        return timing.time_in_program(f, args_list, calls_per_program=1, iters=1, warmup=0)
+    return timing.time_in_program(f, args_list, calls_per_program=_CALLS, iters=10, warmup=1)
 
 
 def _floor_bytes(m: int, n: int, k: int) -> int:
@@ -46,11 +50,13 @@ def _floor_bytes(m: int, n: int, k: int) -> int:
     return k * n // 2 + (k // 16) * (n // 16) + m * k // 2 + m * k // 16 + 2 * m * n
 
 
-def _kernel_only(lhs, rhs, cfg, interpret):
-    """The skinny kernel's launch alone on prepared operands (no XLA passes)."""
-    args, p = gemm_skinny.operands(lhs, rhs, jnp.bfloat16)
+def _kernel_only(ops, cfg, interpret):
+    """The skinny kernel's launch alone on prepared operands (no XLA passes): the function
+    and its argument sets, one per (lhs, rhs) of ``ops``."""
+    prepared = [gemm_skinny.operands(lhs, rhs, jnp.bfloat16) for lhs, rhs in ops]
+    p = prepared[0][1]
     f = jax.jit(lambda *a: gemm_skinny.call_kernel(*a, p, cfg, interpret))
-    return f, (*args, jnp.ones((1,), jnp.float32))
+    return f, [(*args, jnp.ones((1,), jnp.float32)) for args, _ in prepared]
 
 
 def _exact_operands(quantize, layout, m, n, k, seed):
@@ -119,8 +125,8 @@ def _row(layout, m, nk, x16, w16, qx, qw, bw, interpret) -> dict:
     _measure(row, "old_ms", _ms, old, ops, q)
     if isinstance(cfg, SkinnyConfig):
         _measure(row, "new_ms", _ms, ours, ops, q)
-        kernel, args = _kernel_only(*ops[0], cfg, interpret)
-        _measure(row, "kernel_ms", _ms, kernel, [args], q)
+        kernel, args_list = _kernel_only(ops, cfg, interpret)
+        _measure(row, "kernel_ms", _ms, kernel, args_list, q)
         _measure(row, "rel_err", _rel_err, ours, xla, ops[0])
     print(row, flush=True)
     return row
@@ -138,13 +144,14 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
     argv = sys.argv[1:] if argv is None else argv
     env = timing.environment()
     print(f"{env['device']}, jax {env['jax']}, {env['date']}", flush=True)
+    print(TIMER, flush=True)
     big = jnp.zeros((64, 1024) if interpret else (8192, 16384), jnp.bfloat16)
     bw = 2 * big.nbytes / timing.copy_seconds(big, warmup=2, iters=10, reps=10)
     del big
     print(f"HBM copy bandwidth (XLA x+1): {bw / 1e9:.0f} GB/s", flush=True)
     rows = []
     for nk in sizes:
-        copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
+        copies = 2 if interpret else timing.sets_to_defeat_l2(nk * nk // 2)
         keys = jax.random.split(jax.random.key(nk), copies)
         w16 = [jax.random.normal(kk, (nk, nk), jnp.bfloat16) for kk in keys]
         qw = [quantize(w, axis=0, block_2d=True) for w in w16]
@@ -180,7 +187,7 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
         {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3},
         {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4})]
     variants = list(dict.fromkeys(variants))  # distinct, in order
-    copies = 2 if interpret else max(2, -(-_L2_DEFEAT_BYTES // (nk * nk // 2)))
+    copies = 2 if interpret else timing.sets_to_defeat_l2(nk * nk // 2)
     qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),
                    axis=0, block_2d=True) for i in range(copies)]
     print(f"\nsweep (N = K = {nk}, BF16 output, ms per call):", flush=True)

@@ -1,6 +1,11 @@
-"""The one timer: median of warm, device-synchronized runs, and what a report records.
+"""The timers: medians of warm, device-synchronized runs, and what a report records.
 
-Used by every kernel's ``main()`` sweep and by the scripts in ``benchmarks/``.
+* `time_fn` dispatches calls from Python, back to back: right for calls of a few hundred
+  microseconds and more (every kernel's ``main()`` sweep, the scripts in ``benchmarks/``).
+* `time_in_program` runs the calls inside one compiled program: right for calls whose
+  device time is near or below the host's dispatch time per call (tens of microseconds:
+  skinny GEMMs, layers 2048 wide, small quantizations), which `time_fn` would report
+  as the dispatch time.
 
 Example:
   >>> import jax.numpy as jnp
@@ -41,6 +46,136 @@ def time_fn(fn: Callable, args_sets: Sequence[tuple], *, warmup: int = 3, iters:
         jax.block_until_ready(out)
         times.append((time.perf_counter() - t0) / reps)
     return statistics.median(times)
+
+
+L2_DEFEAT_BYTES = 192 * 2**20
+"""Bytes of distinct operands a timer should rotate through: four times the H200's 50 MB L2,
+so that no call finds its operands left in L2 by an earlier one."""
+
+
+def sets_to_defeat_l2(bytes_per_set: int, *, minimum: int = 2, maximum: int = 64) -> int:
+    """How many distinct argument sets of ``bytes_per_set`` bytes `L2_DEFEAT_BYTES` takes,
+    within ``[minimum, maximum]``.
+
+    The cap bounds the set-up time and the arguments of a timed program: sets so small
+    that ``maximum`` of them fit in L2 belong to calls bound by latency, not bandwidth.
+
+    Example:
+      >>> sets_to_defeat_l2(32 * 2**20), sets_to_defeat_l2(2**30), sets_to_defeat_l2(2**10)
+      (6, 2, 64)
+    """
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    return min(maximum, max(minimum, -(-L2_DEFEAT_BYTES // bytes_per_set)))
+
+
+def program_of_calls(fn: Callable, calls: int) -> Callable:
+    """One jitted program making ``calls`` calls of ``fn``, each on its own argument set.
+
+    The program takes a list of argument tuples ``sets`` and returns the list of the
+    ``calls`` outputs of ``fn(*sets[i % len(sets)])``, ``i = 0, 1, ...``. Every output is
+    returned, so XLA can drop no call. ``fn`` is jitted once and called ``calls`` times,
+    so it is traced and lowered once.
+
+    Each call's arguments pass through an optimization barrier together with the
+    previous call's output. The barrier computes nothing; it makes call ``i`` wait for
+    call ``i - 1`` (as layers do in a model) and makes every call's operands distinct
+    values in XLA's graph. Without it, two calls on the same argument set (``calls >
+    len(sets)``) are one common subexpression, which XLA computes once, and independent
+    small calls may be fused into one kernel (horizontal fusion), either of which would
+    time less work than was asked for. XLA:GPU keeps the barriers through fusion and
+    scheduling and runs the program's kernels on one stream, one after another.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> program = program_of_calls(lambda a, b: a @ b, 3)
+      >>> outs = program([(jnp.ones((2, 2)), jnp.eye(2)), (jnp.eye(2), jnp.eye(2))])
+      >>> [float(o.sum()) for o in outs]
+      [4.0, 2.0, 4.0]
+    """
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, got {calls}")
+    call = jax.jit(fn)
+
+    def program(sets):
+        outs, previous = [], None
+        for i in range(calls):
+            args = tuple(sets[i % len(sets)])
+            if previous is not None:
+                args, _ = jax.lax.optimization_barrier((args, previous))
+            previous = call(*args)
+            outs.append(previous)
+        return outs
+
+    return jax.jit(program)
+
+
+def time_in_program(fn: Callable, args_sets: Sequence[tuple], *, calls_per_program: int = 16,
+                    iters: int = 10, warmup: int = 2) -> float:
+    """Device time (seconds) per call of ``fn(*args)``, the calls made inside one program.
+
+    Two programs of `program_of_calls` are compiled, one making ``N =
+    calls_per_program`` calls and one ``2N``; each of ``iters`` samples runs both (one
+    after the other, so drift affects both alike), each run timed from dispatch to
+    ``block_until_ready``. The result is the slope ``median(t(2N) - t(N)) / N``: the
+    fixed cost of a run (dispatching the program and its arguments, launching,
+    synchronizing) is in both times and cancels, so only the device time of ``N`` calls
+    remains, however small the calls. It is the time of a call among other calls of
+    one program, as in a training step (XLA:GPU may run the program as CUDA graphs,
+    which it does for a whole step too). Only a result below the timer's noise (calls
+    of well under a microsecond) can come out zero or negative.
+
+    ``args_sets`` are rotated: call ``i`` of the whole run (across programs and
+    samples) uses set ``i % len(args_sets)``, so with enough sets
+    (`sets_to_defeat_l2`) no call finds its operands in L2. Every set is an argument
+    of both programs. Memory: the ``2N`` outputs of a run live until it ends.
+
+    Args:
+      fn: a function of arrays (pytrees such as `NVFP4Array` included) returning a pytree
+        of arrays; jitted here.
+      args_sets: argument tuples, at least one.
+      calls_per_program: ``N`` (at least 1).
+      iters: timed samples (at least 1).
+      warmup: untimed runs of each program after compiling it.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> sets = [(jnp.full((64, 64), i, jnp.float32),) for i in range(2)]
+      >>> t = time_in_program(lambda a: a @ a, sets, calls_per_program=2, iters=2,
+      ...                     warmup=1)
+      >>> isinstance(t, float)
+      True
+    """
+    if not args_sets:
+        raise ValueError("args_sets is empty: time_in_program needs at least one argument set")
+    if calls_per_program < 1 or iters < 1 or warmup < 0:
+        raise ValueError(f"need calls_per_program >= 1, iters >= 1, warmup >= 0; got "
+                         f"{calls_per_program}, {iters}, {warmup}")
+    sets = [tuple(s) for s in args_sets]
+    kinds = {str(jax.tree.map(lambda a: jax.typeof(a).str_short(), s)) for s in sets}
+    if len(kinds) > 1:
+        raise ValueError(f"args_sets differ in structure, shape or dtype: {sorted(kinds)}")
+    n = calls_per_program
+    programs = [program_of_calls(fn, c).lower(sets).compile() for c in (n, 2 * n)]
+    start = 0
+
+    def run(calls: int) -> float:
+        """One run of the program of ``calls`` calls, continuing the rotation."""
+        nonlocal start
+        r = start % len(sets)
+        rotated = sets[r:] + sets[:r]
+        start += calls
+        t0 = time.perf_counter()
+        jax.block_until_ready(programs[calls // n - 1](rotated))
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        run(n), run(2 * n)
+    slopes = []
+    for _ in range(iters):
+        t_n = run(n)
+        slopes.append((run(2 * n) - t_n) / n)
+    return statistics.median(slopes)
 
 
 def environment() -> dict:
