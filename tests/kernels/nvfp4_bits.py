@@ -98,6 +98,14 @@ def poison_allocator(nbytes: int):
     del junk
 
 
+def nan_poison_allocator(nbytes: int):
+    """Fills and frees a NaN buffer of ``nbytes`` so a fresh float output likely reuses it
+    (elements a GEMM kernel fails to write then show as NaN)."""
+    junk = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
+    junk.block_until_ready()
+    junk.delete()
+
+
 def on_cpu(fn, *args):
     """``jit(fn)(*args)`` on the CPU (the reference's bits on the host)."""
     cpu = jax.devices("cpu")[0]

@@ -24,7 +24,12 @@ from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
 from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, default_config
 from tests.kernels.nvfp4_bits import abstract_layout_operands as _abstract_operands
-from tests.kernels.nvfp4_bits import compare_outputs, interpret_worker_results, worker_main
+from tests.kernels.nvfp4_bits import (
+    compare_outputs,
+    interpret_worker_results,
+    nan_poison_allocator,
+    worker_main,
+)
 from tests.kernels.nvfp4_bits import exact_grid_data as _exact
 from tests.kernels.nvfp4_bits import layout_operands as _layout_operands
 from tests.kernels.nvfp4_bits import normal_data as _normal
@@ -176,13 +181,6 @@ def test_lowers_for_cuda():
 gpu = pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")
 
 
-def _poison_allocator(nbytes: int):
-    """Fills and frees a NaN buffer of ``nbytes`` so a fresh output likely reuses it."""
-    junk = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
-    junk.block_until_ready()
-    junk.delete()
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad", "wgrad_plain"])
@@ -190,7 +188,7 @@ def _poison_allocator(nbytes: int):
 def test_gpu_matches_reference(layout, mnk):
     lhs, rhs, kw = _layout_operands(layout, *mnk, seed=sum(mnk))
     want = jax.jit(ref_matmul)(lhs, rhs)
-    _poison_allocator(4 * mnk[0] * mnk[1])
+    nan_poison_allocator(4 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs, **kw)
     r = compare_outputs(got, want)
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
@@ -203,7 +201,7 @@ def test_gpu_matches_reference(layout, mnk):
 def test_gpu_bitwise_when_sums_are_exact(layout, decode):
     lhs, rhs, kw = _layout_operands(layout, 256, 512, 512, exact=True)
     want = jax.jit(ref_matmul)(lhs, rhs)
-    _poison_allocator(4 * 256 * 512)
+    nan_poison_allocator(4 * 256 * 512)
     cfg = dataclasses.replace(default_config(256, 512, 512), decode=decode)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), want)
     assert r["bitwise"], r
@@ -226,7 +224,7 @@ def test_gpu_bitwise_when_sums_are_exact(layout, decode):
 def test_gpu_configs_and_dtypes(mnk, dtype, cfg):
     lhs, rhs, _ = _layout_operands("fprop", *mnk, seed=1)
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
-    _poison_allocator(4 * mnk[0] * mnk[1])
+    nan_poison_allocator(4 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg)
     r = compare_outputs(got, want)
     assert r["shape_ok"] and r["finite"], r

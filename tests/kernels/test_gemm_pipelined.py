@@ -40,6 +40,7 @@ from tests.kernels.nvfp4_bits import (
     compare_outputs,
     interpret_worker_results,
     layout_operands,
+    nan_poison_allocator,
     worker_main,
 )
 
@@ -277,12 +278,6 @@ def test_lowers_for_cuda(layout):
 gpu = pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")
 
 
-def _poison_allocator(nbytes: int):
-    junk = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
-    junk.block_until_ready()
-    junk.delete()
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad", "wgrad_plain"])
@@ -290,7 +285,7 @@ def _poison_allocator(nbytes: int):
 def test_gpu_matches_reference(layout, mnk):
     lhs, rhs, kw = layout_operands(layout, *mnk, seed=sum(mnk))
     want = jax.jit(ref_matmul)(lhs, rhs)
-    _poison_allocator(4 * mnk[0] * mnk[1])
+    nan_poison_allocator(4 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs, config=PIPELINED_CONFIG, **kw)
     r = compare_outputs(got, want)
     assert r["shape_ok"] and r["finite"] and r["rel"] <= 1e-6, r
@@ -303,7 +298,7 @@ def test_gpu_matches_reference(layout, mnk):
 def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
     lhs, rhs, kw = layout_operands(layout, 512, 768, 512, exact=True)
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
-    _poison_allocator(4 * 512 * 768)
+    nan_poison_allocator(4 * 512 * 768)
     got = gemm.matmul(lhs, rhs, config=PIPELINED_CONFIG, preferred_element_type=dtype, **kw)
     r = compare_outputs(got, want)
     assert r["bitwise"], r

@@ -31,7 +31,12 @@ from pallas_kernels import gemm, gemm_skinny, gemm_skinny_bench
 from pallas_kernels import gemm_skinny_decode as sd
 from pallas_kernels import gemm_skinny_layouts as sl
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
-from tests.kernels.nvfp4_bits import compare_outputs, interpret_worker_results, worker_main
+from tests.kernels.nvfp4_bits import (
+    compare_outputs,
+    interpret_worker_results,
+    nan_poison_allocator,
+    worker_main,
+)
 
 _ON_GPU = jax.devices()[0].platform == "gpu"
 _E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
@@ -369,14 +374,6 @@ def test_config_validation():
 gpu = pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")
 
 
-def _poison_allocator(nbytes: int):
-    """Fills and frees a NaN buffer so a fresh output likely reuses it (unwritten
-    elements then show as NaN)."""
-    junk = jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32)
-    junk.block_until_ready()
-    junk.delete()
-
-
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fprop", "dgrad"])
@@ -388,11 +385,11 @@ def test_gpu_matches_reference(layout, mnk):
     are the float32 result rounded once (bitwise)."""
     lhs, rhs = _operands(*mnk, layout=layout, seed=sum(mnk))
     want = jax.jit(ref_matmul)(lhs, rhs)
-    _poison_allocator(16 * mnk[0] * mnk[1])
+    nan_poison_allocator(16 * mnk[0] * mnk[1])
     got = gemm.matmul(lhs, rhs)
     _check(compare_outputs(got, want), False, "float32", mnk[2])
     for dtype in (jnp.bfloat16, jnp.float16):
-        _poison_allocator(16 * mnk[0] * mnk[1])
+        nan_poison_allocator(16 * mnk[0] * mnk[1])
         r = compare_outputs(gemm.matmul(lhs, rhs, preferred_element_type=dtype), got.astype(dtype))
         assert r["bitwise"], (dtype, r)
 
@@ -412,7 +409,7 @@ def test_gpu_bitwise_when_sums_are_exact(layout, m, cfg, dtype):
     tile to tile), for both tile sizes, split K, padded M and every output dtype."""
     lhs, rhs = _operands(m, 1024, 512, layout=layout, exact=True)
     want = jax.jit(functools.partial(ref_matmul, preferred_element_type=dtype))(lhs, rhs)
-    _poison_allocator(16 * m * 1024)
+    nan_poison_allocator(16 * m * 1024)
     got = gemm.matmul(lhs, rhs, config=cfg, preferred_element_type=dtype)
     _check(compare_outputs(got, want), True, dtype)
 
