@@ -15,7 +15,8 @@ One job per module (docs/ARCHITECTURE.md):
   `gemm_data` the exact-sum data of the GEMM benchmarks and tests.
 * `amax`: the global-amax pass; `quantize_engines`: the quantize kernel body;
   `bit_tricks`: in-kernel elementwise numerics; `tma_pipeline`: the shared Mosaic GPU
-  plumbing (layouts, TMA pipeline, grid, `num_sms`); `timing`: the one timer.
+  plumbing (layouts, TMA pipeline, grid, `num_sms`); `timing`: the timers (`time_fn`,
+  `time_in_program` for calls shorter than their dispatch).
 
 The modules import only `fp4jax.numerics` and each other (a `reference()` or `main()`
 may import the pure-JAX reference it is compared with). This package imports nothing:

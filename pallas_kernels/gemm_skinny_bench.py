@@ -137,14 +137,17 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
     """Prints the table (and the sweep with ``--sweep``); returns its rows.
 
     ``sizes`` (N = K), ``ms`` and ``interpret`` (Mosaic GPU interpret mode) let a CPU
-    run the same code on small shapes (a smoke test; its times mean nothing).
+    run the same code on small shapes (a smoke test; its times mean nothing). Run it
+    with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (as
+    tests/kernels/test_gemm.py does): with one host device, the interpreted general
+    kernel hung at times on a 2-core host (jax 0.11.2).
     """
     from fp4jax.reference.quantization import quantize  # the operands' spec, lazily
 
     argv = sys.argv[1:] if argv is None else argv
     env = timing.environment()
     print(f"{env['device']}, jax {env['jax']}, {env['date']}", flush=True)
-    print(TIMER, flush=True)
+    print(TIMER + ("; this smoke run: 1 and 2 calls, once" if interpret else ""), flush=True)
     big = jnp.zeros((64, 1024) if interpret else (8192, 16384), jnp.bfloat16)
     bw = 2 * big.nbytes / timing.copy_seconds(big, warmup=2, iters=10, reps=10)
     del big

@@ -83,8 +83,11 @@ def program_of_calls(fn: Callable, calls: int) -> Callable:
     values in XLA's graph. Without it, two calls on the same argument set (``calls >
     len(sets)``) are one common subexpression, which XLA computes once, and independent
     small calls may be fused into one kernel (horizontal fusion), either of which would
-    time less work than was asked for. XLA:GPU keeps the barriers through fusion and
-    scheduling and runs the program's kernels on one stream, one after another.
+    time less work than was asked for (calls on distinct sets are distinct parameters,
+    never merged). XLA:GPU keeps the barriers through fusion and scheduling and runs the
+    program's kernels on one stream, one after another. XLA:CPU removes them right after
+    its common-subexpression pass, so there no call is merged either but calls may
+    overlap: CPU times are a smoke run only.
 
     Example:
       >>> import jax.numpy as jnp
@@ -122,8 +125,9 @@ def time_in_program(fn: Callable, args_sets: Sequence[tuple], *, calls_per_progr
     synchronizing) is in both times and cancels, so only the device time of ``N`` calls
     remains, however small the calls. It is the time of a call among other calls of
     one program, as in a training step (XLA:GPU may run the program as CUDA graphs,
-    which it does for a whole step too). Only a result below the timer's noise (calls
-    of well under a microsecond) can come out zero or negative.
+    which it does for a whole step too). ``N`` only divides the noise of the two runs'
+    difference (a few microseconds on a GPU); a result below it (calls of well under a
+    microsecond on a GPU, tiny ones on a loaded CPU) can come out zero or negative.
 
     ``args_sets`` are rotated: call ``i`` of the whole run (across programs and
     samples) uses set ``i % len(args_sets)``, so with enough sets
@@ -170,7 +174,8 @@ def time_in_program(fn: Callable, args_sets: Sequence[tuple], *, calls_per_progr
         return time.perf_counter() - t0
 
     for _ in range(warmup):
-        run(n), run(2 * n)
+        run(n)
+        run(2 * n)
     slopes = []
     for _ in range(iters):
         t_n = run(n)
