@@ -244,7 +244,7 @@ class StudySpec:
                             for t in self.tokens_per_param)
         return (f"{tl.describe_model(self.model)}: {self.params / 1e6:.2f}M parameters "
                 f"({pc['block_matmuls'] / 1e6:.2f}M in block matmuls), batch {self.batch} x "
-                f"seq {self.seq}; {lengths}")
+                f"seq {self.seq}, peak learning rate {self.lr:g}; {lengths}")
 
 
 STUDIES = {s.name: s for s in (
