@@ -215,12 +215,18 @@ def nibble_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
     ``[0, 2), [2, 4), [4, 6]`` rounds ``a`` to the E2M1 grid (the float addition is RNE
     at exactly the grid spacing) and leaves the code in the low 3 bits of the sum.
     """
+    v, total, _ = _magic_sum(x, enc)
+    return (_u32(total) & _U32(7)) | jnp.where(v < 0, _U32(8), _U32(0))
+
+
+def _magic_sum(x: jax.Array, enc: jax.Array):
+    """``(v, a + C, C)`` of `nibble_nearest`: ``v = x * enc``, ``a = min(|v|, 6)`` and the
+    magic constant ``C`` of ``a``'s range; the sum is ``C`` plus ``a`` rounded to the grid."""
     v = x * enc
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
     e = jnp.maximum(_u32(a) >> 23, _U32(127))
-    c = e * _U32(0x800002) + _U32((0x4A800000 - 127 * 0x800002) & 0xFFFFFFFF)
-    mag = _u32(a + _f32(c)) & _U32(7)
-    return mag | jnp.where(v < 0, _U32(8), _U32(0))
+    c = _f32(e * _U32(0x800002) + _U32((0x4A800000 - 127 * 0x800002) & 0xFFFFFFFF))
+    return v, a + c, c
 
 
 def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
@@ -245,16 +251,25 @@ def nibble_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
       x: float32 values; enc: their float32 encode scales.
       u8: uint32 random bytes in ``[0, 256)``, one per element (`sr_byte`).
     """
+    v, at_least_one, carried, half, above = _stochastic_steps(x, enc, u8)
+    big = (carried - _U32(252 << 22)) >> 22
+    small = jnp.where(half, _U32(1), _U32(0)) + jnp.where(above, _U32(1), _U32(0))
+    return jnp.where(at_least_one, big, small) | jnp.where(v < 0, _U32(8), _U32(0))
+
+
+def _stochastic_steps(x: jax.Array, enc: jax.Array, u8: jax.Array):
+    """The decisions of `nibble_stochastic`: ``(v, a >= 1, carried, a >= 0.5, a above the
+    random threshold)``, with ``v = x * enc``, ``a = min(|v|, 6)`` and ``carried`` the bits
+    of ``a`` plus ``2**22 - 1 - ((2 u8 + 1) << 13)`` (for ``a >= 1`` its top 10 bits are the
+    rounded value's)."""
     v = x * enc
     a = jnp.minimum(jnp.abs(v), E2M1_MAX)
     b = _u32(a)
-    big = (b - (u8 << 14) + _U32((0x3FDFFF - (252 << 22)) & 0xFFFFFFFF)) >> 22
+    carried = b - (u8 << 14) + _U32(0x3FDFFF)
     half = a >= np.float32(0.5)
     threshold = (_f32((u8 << 1) | _U32(0x4B000001)) * np.float32(2.0**-10)
                  + jnp.where(half, np.float32(-8191.5), np.float32(-8192.0)))
-    small = jnp.where(half, _U32(1), _U32(0)) + jnp.where(a > threshold, _U32(1), _U32(0))
-    mag = jnp.where(b >= _U32(0x3F800000), big, small)
-    return mag | jnp.where(v < 0, _U32(8), _U32(0))
+    return v, b >= _U32(0x3F800000), carried, half, a > threshold
 
 
 def value_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
@@ -267,11 +282,8 @@ def value_nearest(x: jax.Array, enc: jax.Array) -> jax.Array:
     replace the code's integer masking, sign select and the decode's integer ops: the
     kernels that write decoded copies are ALU-bound (docs/BENCHMARKS.md).
     """
-    v = x * enc
-    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
-    e = jnp.maximum(_u32(a) >> 23, _U32(127))
-    c = _f32(e * _U32(0x800002) + _U32((0x4A800000 - 127 * 0x800002) & 0xFFFFFFFF))
-    r = (a + c) - c
+    v, total, c = _magic_sum(x, enc)
+    r = total - c
     return jnp.where(v < 0, -r, r)
 
 
@@ -283,16 +295,11 @@ def value_stochastic(x: jax.Array, enc: jax.Array, u8: jax.Array) -> jax.Array:
     top 10 bits, so masking the low 22 bits is the value; below 1 the value is 0.5 per
     step taken (``a >= 0.5``, and ``a`` above the random threshold).
     """
-    v = x * enc
-    a = jnp.minimum(jnp.abs(v), E2M1_MAX)
-    b = _u32(a)
-    big = _f32((b - (u8 << 14) + _U32(0x3FDFFF)) & _U32(0xFFC00000))
-    half = a >= np.float32(0.5)
-    threshold = (_f32((u8 << 1) | _U32(0x4B000001)) * np.float32(2.0**-10)
-                 + jnp.where(half, np.float32(-8191.5), np.float32(-8192.0)))
+    v, at_least_one, carried, half, above = _stochastic_steps(x, enc, u8)
+    big = _f32(carried & _U32(0xFFC00000))
     small = (jnp.where(half, np.float32(0.5), np.float32(0.0))
-             + jnp.where(a > threshold, np.float32(0.5), np.float32(0.0)))
-    r = jnp.where(b >= _U32(0x3F800000), big, small)
+             + jnp.where(above, np.float32(0.5), np.float32(0.0)))
+    r = jnp.where(at_least_one, big, small)
     return jnp.where(v < 0, -r, r)
 
 
