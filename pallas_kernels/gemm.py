@@ -67,6 +67,7 @@ from pallas_kernels.gemm_config import (
     TuningConfig,
     default_config,
 )
+from pallas_kernels.gemm_data import layout_operands
 
 
 def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
@@ -285,23 +286,6 @@ def _random_bf16(shape, seed):
     return jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16)
 
 
-def _layout_args(quantize, layout_name: str, m: int, n: int, k: int, seed: int,
-                 data=_random_bf16):
-    """Operands of an (m, k) @ (k, n) GEMM in a training layout, quantized by ``quantize``:
-    fprop ``X @ W`` (W in 16×16 tiles), dgrad ``dY @ W.mT`` (W stored (n, k)), wgrad
-    ``X.mT @ dY`` (both blocked along the tokens, X stored (k, m), ``lhs_from_mT``)."""
-    if layout_name == "fprop":
-        return (quantize(data((m, k), seed)),
-                quantize(data((k, n), seed + 1), axis=0, block_2d=True)), {}
-    if layout_name == "dgrad":
-        return (quantize(data((m, k), seed)),
-                quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT), {}
-    if layout_name == "wgrad":
-        return (quantize(data((k, m), seed), axis=0).mT,
-                quantize(data((k, n), seed + 1), axis=0)), {"lhs_from_mT": True}
-    raise ValueError(layout_name)
-
-
 def _dense_args(layout_name: str, m: int, n: int, k: int, seed: int):
     """BF16 operands of the same GEMM, stored as the layout stores them, and the dot."""
     if layout_name == "fprop":
@@ -354,9 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         rows += [("dgrad", 8192, 8192, 8192), ("wgrad", 8192, 8192, 8192)]
     for layout_name, m, n, k in rows:
         copies = 1 if m * k >= 4096 * 4096 else 4  # rotate inputs that fit in L2
-        qargs = [_layout_args(quantize, layout_name, m, n, k, seed=10 * i) for i in range(copies)]
-        kw = qargs[0][1]
-        ops = [a for a, _ in qargs]
+        qargs = [layout_operands(quantize, layout_name, m, n, k, seed=10 * i, data=_random_bf16)
+                 for i in range(copies)]
+        kw = qargs[0][2]
+        ops = [(lhs, rhs) for lhs, rhs, _ in qargs]
         ours = _seconds(functools.partial(matmul, **kw), ops)
         xla = _seconds(xla_ref, ops)
         dense = [(_random_bf16((m, k), 10 * i), _random_bf16((k, n), 10 * i + 1))
@@ -393,7 +378,8 @@ def _sweep(quantize) -> None:
     ]
     for (m, n, k), cfgs in (((8192, 8192, 8192), big), ((16, 8192, 8192), skinny)):
         copies = 1 if m > 64 else 4
-        ops = [_layout_args(quantize, "fprop", m, n, k, seed=10 * i)[0] for i in range(copies)]
+        ops = [layout_operands(quantize, "fprop", m, n, k, seed=10 * i, data=_random_bf16)[:2]
+               for i in range(copies)]
         for cfg in cfgs:
             try:
                 t = _seconds(functools.partial(matmul, config=cfg), ops, iters=7)
@@ -411,8 +397,6 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
     BF16 output; checks both mainloops bit for bit against the XLA path on exact-sum
     data (``exact_mnk``, every layout); prints the table last. ``interpret``: a CPU
     smoke run of the same code (one call per timing)."""
-    from pallas_kernels.gemm_data import exact_sum_data  # noqa: PLC0415 - bench data
-
     def seconds(f, args_list):  # one call in a smoke run
         if interpret:
             return timing.time_fn(f, args_list, warmup=0, iters=1, reps=1)
@@ -426,7 +410,8 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
     for size in sizes:
         for layout_name in ("fprop", "dgrad", "wgrad"):
             m = n = k = size
-            ops, kw = _layout_args(quantize, layout_name, m, n, k, seed=size)
+            *ops, kw = layout_operands(quantize, layout_name, m, n, k, seed=size,
+                                       data=_random_bf16)
             dense, dot = _dense_args(layout_name, m, n, k, seed=size)
             times = {"bf16": seconds(jax.jit(lambda a, b, d=dot: d(a, b).astype(bf16)),
                                       [dense]),
@@ -449,7 +434,7 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
                 + f"; rel.err vs XLA {errs}", flush=True)
             rows.append((layout_name, size, times))
     for layout_name in ("fprop", "dgrad", "wgrad"):
-        ops, kw = _layout_args(quantize, layout_name, *exact_mnk, seed=7, data=exact_sum_data)
+        *ops, kw = layout_operands(quantize, layout_name, *exact_mnk, seed=7)
         want = np.asarray(xla_ref(*ops)).view(np.uint16)
         for name, cfg in kernels.items():
             try:

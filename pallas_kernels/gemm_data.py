@@ -1,5 +1,6 @@
-"""Data of the GEMM kernels' benchmarks and tests whose GEMM sums are exact in float32,
-so a kernel must match the reference bit for bit whatever its summation order
+"""Operands of the GEMM kernels' benchmarks and tests: the training layouts
+(`layout_operands`), and data whose GEMM sums are exact in float32 (`exact_sum_data`), so a
+kernel must match the reference bit for bit whatever its summation order
 (`pallas_kernels.gemm` ``--mainloops``, `pallas_kernels.gemm_skinny_bench`, the tests).
 
 Example:
@@ -10,6 +11,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,3 +33,33 @@ def exact_sum_data(shape: tuple[int, int], seed: int) -> jax.Array:
     x = x.at[:, ::16].set(6.0).at[::16, :].set(-6.0)
     t = jax.random.randint(k3, (-(-shape[0] // 16), shape[1] // 16), 0, 2)
     return x * jnp.exp2(t.astype(jnp.float32)).repeat(16, 0)[:shape[0]].repeat(16, 1)
+
+
+def layout_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *, seed: int = 0,
+                    data: Callable = exact_sum_data):
+    """``(lhs, rhs, kwargs)`` of the ``layout`` GEMM with output ``(m, n)`` and contraction
+    ``k``, from ``data(shape, seed)`` quantized by ``quantize`` (`fp4jax.quantize`'s
+    signature; this module imports no quantizer, being below the reference in the layers):
+
+    * ``fprop``: ``X @ W``, X ``(m, k)`` blocked along K, W ``(k, n)`` in 16×16 tiles;
+    * ``dgrad``: ``dY @ W.mT``, W stored ``(n, k)`` in 16×16 tiles;
+    * ``wgrad``: ``X.mT @ dY``, X ``(k, m)`` and dY ``(k, n)`` blocked along the tokens,
+      ``kwargs = {"lhs_from_mT": True}``; ``wgrad_plain``: the same without the flag.
+
+    Example:
+      >>> from fp4jax.reference.quantization import quantize
+      >>> lhs, rhs, kw = layout_operands(quantize, "wgrad", 32, 64, 48)
+      >>> lhs.shape, rhs.shape, kw
+      ((32, 48), (48, 64), {'lhs_from_mT': True})
+    """
+    if layout == "fprop":
+        return (quantize(data((m, k), seed)),
+                quantize(data((k, n), seed + 1), axis=0, block_2d=True), {})
+    if layout == "dgrad":
+        return (quantize(data((m, k), seed)),
+                quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT, {})
+    if layout in ("wgrad", "wgrad_plain"):
+        kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
+        return (quantize(data((k, m), seed), axis=0).mT,
+                quantize(data((k, n), seed + 1), axis=0), kw)
+    raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")

@@ -32,7 +32,7 @@ import numpy as np
 
 from pallas_kernels import gemm, gemm_skinny, timing
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
-from pallas_kernels.gemm_data import exact_sum_data
+from pallas_kernels.gemm_data import layout_operands
 
 _CALLS = 16  # per program; the slope of _CALLS and 2 * _CALLS calls is the time per call
 TIMER = (f"timer: pallas_kernels.timing.time_in_program (per call, inside one program: "
@@ -57,14 +57,6 @@ def _kernel_only(ops, cfg, interpret):
     p = prepared[0][1]
     f = jax.jit(lambda *a: gemm_skinny.call_kernel(*a, p, cfg, interpret))
     return f, [(*args, jnp.ones((1,), jnp.float32)) for args, _ in prepared]
-
-
-def _exact_operands(quantize, layout, m, n, k, seed):
-    """The GEMM operands of `exact_sum_data` in ``layout`` (fprop or dgrad)."""
-    x = quantize(exact_sum_data((m, k), seed))
-    if layout == "fprop":
-        return x, quantize(exact_sum_data((k, n), seed + 1), axis=0, block_2d=True)
-    return x, quantize(exact_sum_data((n, k), seed + 1), axis=0, block_2d=True).mT
 
 
 def _measure(row: dict, key, fn, *args) -> None:
@@ -168,8 +160,8 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
     exact = {}
     for layout in ("fprop", "dgrad"):
         for m in [m for m in ms if m <= 64]:
-            lhs, rhs = _exact_operands(quantize, layout, m, 1024 // (4 if interpret else 1),
-                                       512, seed=m)
+            lhs, rhs, _ = layout_operands(quantize, layout, m, 1024 // (4 if interpret else 1),
+                                          512, seed=m)
             _measure(exact, (layout, m), _bitwise,
                      functools.partial(gemm.matmul, interpret=interpret),
                      jax.jit(gemm.reference), (lhs, rhs))

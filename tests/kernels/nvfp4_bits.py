@@ -62,23 +62,13 @@ def exact_grid_data(shape, seed):
 
 
 def layout_operands(layout, m, n, k, *, exact=False, seed=0):
-    """(lhs, rhs, kwargs) of the ``layout`` GEMM with output (m, n), contraction k:
-    fprop ``X @ W`` (W 16×16-tiled), dgrad ``dY @ W.mT``, wgrad ``X.mT @ dY`` (both blocked
-    along the tokens; ``lhs_from_mT``), wgrad_plain (the same without the flag)."""
+    """(lhs, rhs, kwargs) of the ``layout`` GEMM (`pallas_kernels.gemm_data.layout_operands`)
+    from `exact_grid_data` or `normal_data`, quantized by the reference."""
     from fp4jax.reference.quantization import quantize  # noqa: PLC0415 - test data only
+    from pallas_kernels.gemm_data import layout_operands as operands  # noqa: PLC0415
 
     data = exact_grid_data if exact else normal_data
-    if layout == "fprop":  # Y = X W: X blocked along K, W 2D-tiled.
-        x, w = data((m, k), seed), data((k, n), seed + 1)
-        return quantize(x), quantize(w, axis=0, block_2d=True), {}
-    if layout == "dgrad":  # dX = dY W^T: dY (m, k) blocked along k, W (n, k) 2D-tiled.
-        g, w = data((m, k), seed), data((n, k), seed + 1)
-        return quantize(g), quantize(w, axis=0, block_2d=True).mT, {}
-    if layout in ("wgrad", "wgrad_plain"):  # dW = X^T dY, both blocked along tokens.
-        x, g = data((k, m), seed), data((k, n), seed + 1)
-        kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
-        return quantize(x, axis=0).mT, quantize(g, axis=0), kw
-    raise ValueError(layout)
+    return operands(quantize, layout, m, n, k, seed=seed, data=data)
 
 
 def abstract_layout_operands(layout, m, n, k):

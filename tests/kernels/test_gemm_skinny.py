@@ -27,7 +27,7 @@ from jax.experimental.mosaic import gpu as mgpu
 
 from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
-from pallas_kernels import gemm, gemm_skinny, gemm_skinny_bench
+from pallas_kernels import gemm, gemm_data, gemm_skinny
 from pallas_kernels import gemm_skinny_decode as sd
 from pallas_kernels import gemm_skinny_layouts as sl
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
@@ -218,23 +218,21 @@ def test_code_loads_are_bank_conflict_free(variant):
             assert len(banks) == 32, (warp, reg)
 
 
+def _wide_normal(shape, seed):
+    """Normal values over 12 binades."""
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(k1, shape) * jnp.exp2(jax.random.uniform(k2, shape, minval=-6,
+                                                                      maxval=6))
+
+
 def _operands(m, n, k, *, layout="fprop", exact=False, seed=0):
     """(X or dY rowwise, W or W.mT in 16×16 tiles) with output (m, n), contraction k.
 
-    ``exact``: `gemm_skinny_bench.exact_sum_data` (codes on the grid, scales differing per
-    16×16 tile, every float32 sum exact for K <= 512). Else: normal values over 12 binades.
+    ``exact``: `gemm_data.exact_sum_data` (codes on the grid, scales differing per 16×16
+    tile, every float32 sum exact for K <= 512). Else: `_wide_normal`.
     """
-    if exact:
-        data = gemm_skinny_bench.exact_sum_data
-    else:
-        def data(shape, s):
-            k1, k2 = jax.random.split(jax.random.key(s))
-            return jax.random.normal(k1, shape) * jnp.exp2(
-                jax.random.uniform(k2, shape, minval=-6, maxval=6))
-    x = quantize(data((m, k), seed))
-    if layout == "fprop":
-        return x, quantize(data((k, n), seed + 1), axis=0, block_2d=True)
-    return x, quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT
+    data = gemm_data.exact_sum_data if exact else _wide_normal
+    return gemm_data.layout_operands(quantize, layout, m, n, k, seed=seed, data=data)[:2]
 
 
 def _check(r, exact, dtype, k=512):
