@@ -179,22 +179,14 @@ def auto_gemm_runs_xla(m: int, n: int, k: int, layout: GemmLayout = "fprop") -> 
     return on_hopper() and not auto_prefers_gemm_kernel(m, n, k, layout)
 
 
-XLA_TILED_ELEMENTS = 0
-"""A 16×16-tile (weight) quantization of at most this many elements runs on XLA under
-``impl="auto"`` (0: every one the kernel takes runs on the kernel). Weights are small
-next to activations, and each weight shape is a distinct Mosaic kernel to compile."""
-
-
-def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool,
-                                 block_2d: bool = False, elements: int = 0) -> bool:
+def auto_prefers_quantize_kernel(*, columnwise: bool, stochastic: bool) -> bool:
     """Whether ``"auto"`` quantizes with the Pallas kernel (where it takes the problem).
 
     Every quantization the kernels take is bit-identical to the reference on the H200
-    and faster than the XLA path (docs/BENCHMARKS.md); 16×16-tile quantizations of at
-    most `XLA_TILED_ELEMENTS` elements go to XLA.
+    and faster than the XLA path (docs/BENCHMARKS.md), so the kernel is always preferred.
     """
     del columnwise, stochastic  # no measured case where the XLA path is faster
-    return not (block_2d and elements <= XLA_TILED_ELEMENTS)
+    return True
 
 
 def choose(
@@ -340,8 +332,7 @@ def quantize(
     backend = choose(
         impl, gemm=False, kernel_reason=kernel_reason,
         auto_prefers_kernel=auto_prefers_quantize_kernel(
-            columnwise=args.axis != args.x.ndim - 1, stochastic=rounding == "stochastic",
-            block_2d=block_2d, elements=math.prod(args.x.shape)))
+            columnwise=args.axis != args.x.ndim - 1, stochastic=rounding == "stochastic"))
     if backend == "pallas":
         from pallas_kernels import quantize_single
 

@@ -1,7 +1,5 @@
 """The implementation choice (fp4jax.implementation): one place decides xla/pallas/native."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -257,14 +255,3 @@ def test_auto_layer_with_decoded_copies_equals_the_xla_path_bitwise(monkeypatch)
     assert set(seen) == {(decoded, "NVFP4Array"), ("NVFP4Array", decoded)}, seen
     for name, a, b in zip(("y", "dx", "dw"), got, fwd_bwd("xla")):
         np.testing.assert_array_equal(a, b, err_msg=name)
-
-
-def test_auto_sends_small_tiled_quantizations_to_xla_by_the_threshold(monkeypatch):
-    """16x16-tile quantizations of at most `XLA_TILED_ELEMENTS` elements go to XLA under
-    "auto"; larger ones and 1D blocks stay on the kernel."""
-    monkeypatch.setattr(implementation, "XLA_TILED_ELEMENTS", 1 << 20)
-    prefers = functools.partial(implementation.auto_prefers_quantize_kernel,
-                                columnwise=True, stochastic=False)
-    assert not prefers(block_2d=True, elements=1 << 20)
-    assert prefers(block_2d=True, elements=(1 << 20) + 256)
-    assert prefers(block_2d=False, elements=256)
