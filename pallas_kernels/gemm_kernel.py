@@ -300,7 +300,7 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
         "b_dec_smem": plgpu.SMEM(b_dec_shape, jnp.bfloat16, transforms=bf16_tf),
     }
     num_tiles = p.batch * cfg.k_splits * (p.m // cfg.cta_tile_m) * (p.n // cfg.cta_tile_n)
-    grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
+    grid = tp.grid_size(num_tiles, num_ctas=cfg.num_sms, ctas_per_sm=1, interpret=interpret)
     kernel = plgpu.kernel(
         functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),

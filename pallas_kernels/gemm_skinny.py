@@ -206,7 +206,7 @@ def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
     out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
     a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
     num_tiles = cfg.k_splits * (p.n // SKINNY_CTA_N)
-    grid = min(cfg.num_sms if cfg.num_sms is not None else tp.num_sms(interpret), num_tiles)
+    grid = tp.grid_size(num_tiles, num_ctas=cfg.num_sms, ctas_per_sm=1, interpret=interpret)
     kernel = plgpu.kernel(
         functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
