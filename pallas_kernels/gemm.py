@@ -392,11 +392,11 @@ def _sweep(quantize) -> None:
 def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
                interpret: bool = False) -> None:
     """Times BF16 ``jnp.dot`` (the same layout's transposes), the XLA path (decode +
-    dot), the serial mainloop (`LARGE_CONFIG`, the default) and the pipelined one
-    (`PIPELINED_CONFIG`) at ``sizes``³ in the fprop, dgrad and wgrad layouts, all with
-    BF16 output; checks both mainloops bit for bit against the XLA path on exact-sum
-    data (``exact_mnk``, every layout); prints the table last. ``interpret``: a CPU
-    smoke run of the same code (one call per timing)."""
+    dot), the serial mainloop (`LARGE_CONFIG`) and the pipelined one (`PIPELINED_CONFIG`,
+    the default where it divides the problem) at ``sizes``³ in the fprop, dgrad and wgrad
+    layouts, all with BF16 output; checks both mainloops bit for bit against the XLA
+    path on exact-sum data (``exact_mnk``, every layout); prints the table last.
+    ``interpret``: a CPU smoke run of the same code (one call per timing)."""
     def seconds(f, args_list):  # one call in a smoke run
         if interpret:
             return timing.time_fn(f, args_list, warmup=0, iters=1, reps=1)

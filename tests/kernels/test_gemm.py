@@ -22,7 +22,7 @@ import pytest
 from fp4jax.reference.gemm import matmul as ref_matmul
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
-from pallas_kernels.gemm_config import MatmulDimension, TuningConfig, default_config
+from pallas_kernels.gemm_config import LARGE_CONFIG, MatmulDimension, TuningConfig
 from tests.kernels.nvfp4_bits import abstract_layout_operands as _abstract_operands
 from tests.kernels.nvfp4_bits import (
     compare_outputs,
@@ -199,10 +199,12 @@ def test_gpu_matches_reference(layout, mnk):
 @pytest.mark.parametrize("decode", ["subnormal", "normal"])
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
 def test_gpu_bitwise_when_sums_are_exact(layout, decode):
+    """The serial mainloop with either decode equals the XLA path bit for bit on exact-sum
+    data (the pipelined mainloop, the default here, has its own test file)."""
     lhs, rhs, kw = _layout_operands(layout, 256, 512, 512, exact=True)
     want = jax.jit(ref_matmul)(lhs, rhs)
     nan_poison_allocator(4 * 256 * 512)
-    cfg = dataclasses.replace(default_config(256, 512, 512), decode=decode)
+    cfg = dataclasses.replace(LARGE_CONFIG, decode=decode)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), want)
     assert r["bitwise"], r
 

@@ -15,7 +15,9 @@ def test_config_validation():
 
 
 def test_default_config_divides_the_problem():
-    assert gc.default_config(8192, 8192, 8192) == gc.LARGE_CONFIG
+    """The pipelined tiles where they divide M, N and K; else the serial mainloop's."""
+    assert gc.default_config(8192, 8192, 8192) == gc.PIPELINED_CONFIG
+    assert gc.default_config(8192, 8192, 8192 + 64) == gc.LARGE_CONFIG
     assert isinstance(gc.default_config(16, 8192, 8192), gc.SkinnyConfig)
     assert gc.default_config(16, 8192, 8192, skinny=False) == gc.SKINNY_CONFIG
     cfg = gc.default_config(384, 640, 1152)  # non-power-of-two multiples of 128
