@@ -25,6 +25,7 @@ that file to change what ``auto`` does).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -43,19 +44,27 @@ TIMER = f"time_in_program: per call, the slope of {CALLS} and {2 * CALLS} calls 
 
 def operands(layout: str, tokens: int, d_in: int, d_out: int, seed: int):
     """(lhs, rhs, lhs_from_mT, (m, n, k)) of one GEMM as `fp4jax.dot_general` forms it."""
+    lhs, rhs = _quantized_operands(layout, tokens, d_in, d_out, jnp.uint32(seed))
+    m, n, k = {"fprop": (tokens, d_out, d_in), "dgrad": (tokens, d_in, d_out),
+               "wgrad": (d_in, d_out, tokens)}[layout]
+    return lhs, rhs, layout == "wgrad", (m, n, k)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _quantized_operands(layout, tokens, d_in, d_out, seed):
+    # Jitted: a table row builds up to 64 operand sets, which op by op took most of a
+    # row's time on the H200.
     ks = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(ks[0], (tokens, d_in), jnp.bfloat16)
     w = (jax.random.normal(ks[1], (d_in, d_out)) / np.sqrt(d_in)).astype(jnp.bfloat16)
     g = jax.random.normal(ks[2], (tokens, d_out), jnp.bfloat16)
     if layout == "fprop":
-        return (fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True), False,
-                (tokens, d_out, d_in))
+        return fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True)
     if layout == "dgrad":
-        return (fp4jax.quantize(g), fp4jax.quantize(w, axis=0, block_2d=True).mT, False,
-                (tokens, d_in, d_out))
+        return fp4jax.quantize(g), fp4jax.quantize(w, axis=0, block_2d=True).mT
     if layout == "wgrad":
         return (fp4jax.quantize(x, axis=0, hadamard=True).mT,
-                fp4jax.quantize(g, axis=0, hadamard=True), True, (d_in, d_out, tokens))
+                fp4jax.quantize(g, axis=0, hadamard=True))
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -129,6 +138,10 @@ def main(argv=None) -> None:
     p.add_argument("--keep-rows-of", metavar="MODULE",
                    help="a gemm_table.py whose rows this run did not measure are kept in "
                         "--module (re-measure some shapes after a kernel change)")
+    p.add_argument("--kernel-rows-of", metavar="MODULE",
+                   help="measure only the shapes (of --tokens and --widths) where this "
+                        "gemm_table.py picks the kernel: where auto picks XLA it cannot be "
+                        "slower than XLA")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--widths", default=",".join(f"{a}x{b}" for a, b in WIDTHS),
@@ -140,16 +153,25 @@ def main(argv=None) -> None:
     rows = []
     print(f"{'layout':6s} {'M':>6s} {'N':>6s} {'K':>6s} {'xla ms':>9s} {'pallas ms':>9s} "
           f"{'pallas/xla':>10s}", flush=True)
-    for layout in ("fprop", "dgrad", "wgrad"):
-        for tokens in map(int, args.tokens.split(",")):
-            for d_in, d_out in (map(int, w.split("x")) for w in args.widths.split(",")):
-                r = measure(layout, tokens, d_in, d_out, args.iters)
-                rows.append(r)
-                ratio = (r["pallas_ms"] / r["xla_ms"] if r["pallas_ms"] and r["xla_ms"]
-                         else float("nan"))
-                print(f"{layout:6s} {r['m']:6d} {r['n']:6d} {r['k']:6d} "
-                      f"{r['xla_ms'] or float('nan'):9.3f} {r['pallas_ms'] or float('nan'):9.3f}"
-                      f" {ratio:10.2f}", flush=True)
+    shapes = [(layout, tokens, d_in, d_out) for layout in ("fprop", "dgrad", "wgrad")
+              for tokens in map(int, args.tokens.split(","))
+              for d_in, d_out in (map(int, w.split("x")) for w in args.widths.split(","))]
+    if args.kernel_rows_of:
+        picked = kernel_rows(args.kernel_rows_of)
+        shapes = [shape for shape in shapes if shape in picked]
+    for layout, tokens, d_in, d_out in shapes:
+        r = measure(layout, tokens, d_in, d_out, args.iters)
+        rows.append(r)
+        ratio = (r["pallas_ms"] / r["xla_ms"] if r["pallas_ms"] and r["xla_ms"]
+                 else float("nan"))
+        print(f"{layout:6s} {r['m']:6d} {r['n']:6d} {r['k']:6d} "
+              f"{r['xla_ms'] or float('nan'):9.3f} {r['pallas_ms'] or float('nan'):9.3f}"
+              f" {ratio:10.2f}", flush=True)
+        _write(args, env, rows)  # after every row: a run cut short keeps what it measured
+
+
+def _write(args, env: dict, rows: list[dict]) -> None:
+    """The JSON of ``rows`` and, with ``--module``, the table module."""
     with open(args.json, "w") as f:
         json.dump({"environment": env, "timer": TIMER, "rows": rows}, f, indent=1)
     if args.module:
@@ -159,19 +181,38 @@ def main(argv=None) -> None:
             old, old_date, old_timer = kept_rows(args.keep_rows_of, rows)
             rows = old + rows
             command += f"\n--tokens {args.tokens} --keep-rows-of {args.keep_rows_of}"
-            note = (f"\nThe rows of other token counts are kept from the table of {old_date}"
+            if args.kernel_rows_of:
+                command += f" --kernel-rows-of {args.kernel_rows_of}"
+            note = (f"\nThe rows this run did not measure are kept from the table of {old_date}"
                     f"\n(timer: {old_timer}).")
         with open(args.module, "w") as f:
             f.write(module_text(rows, env, command, note))
+
+
+def _table(module_path: str) -> dict:
+    scope: dict = {}
+    with open(module_path) as f:
+        exec(compile(f.read(), module_path, "exec"), scope)  # noqa: S102 - our own module
+    return scope
+
+
+def kernel_rows(module_path: str) -> set[tuple[str, int, int, int]]:
+    """(layout, tokens, d_in, d_out) of the rows where the table at ``module_path`` has the
+    kernel faster than the XLA path (those ``impl="auto"`` runs on the kernel)."""
+    picked = set()
+    for (layout, m, n, k), (xla, pallas) in _table(module_path)["MEASURED"].items():
+        if pallas is not None and (xla is None or pallas < xla):
+            tokens, d_in, d_out = {"fprop": (m, k, n), "dgrad": (m, n, k),
+                                   "wgrad": (k, m, n)}[layout]
+            picked.add((layout, tokens, d_in, d_out))
+    return picked
 
 
 def kept_rows(module_path: str, measured: list[dict]) -> tuple[list[dict], str, str]:
     """The rows of the table module at ``module_path`` whose shapes ``measured`` lacks,
     that table's date and its timer (a table that names none was timed with ``time_fn``,
     calls dispatched from Python)."""
-    scope: dict = {}
-    with open(module_path) as f:
-        exec(compile(f.read(), module_path, "exec"), scope)  # noqa: S102 - our own module
+    scope = _table(module_path)
     new = {(r["layout"], r["m"], r["n"], r["k"]) for r in measured}
     timers = [line.removeprefix("Timer: ").rstrip(".")
               for line in (scope.get("__doc__") or "").splitlines() if line.startswith("Timer: ")]
