@@ -197,31 +197,6 @@ def xla_plain_amax(x2: jax.Array):
     return jnp.max(jnp.where(finite, a, np.float32(0.0))), ~jnp.all(finite)
 
 
-def xla_amax_pass(x2: jax.Array, signs):
-    """`run_amax` with ``want_rht`` in XLA, the same bits: ((max|x| over finite x, poisoned),
-    (the rounded max|RHT_col x| over finite rotated values, poisoned)).
-
-    A max-abs reduce is exact in any order, and the rotated values are `rht`'s butterfly
-    sums in its order, so only where the reduction runs differs: as an XLA reduce it may
-    join the fusion that produces ``x2`` (`QuantizeConfig.xla_rht_amax`).
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> x = jnp.ones((16, 128), jnp.bfloat16).at[5, 7].set(-20.0)
-      >>> (m, _), (r, poisoned) = xla_amax_pass(x, None)
-      >>> float(m), float(r), bool(poisoned)
-      (20.0, 6.25, False)
-    """
-    overflow = float(bits.OVERFLOW[jnp.dtype(x2.dtype)])
-    limit = np.float32(np.inf) if 4.0 * overflow > FLT_MAX else np.float32(4.0 * overflow)
-    y = jnp.abs(hadamard_lib.butterfly_sums(x2, 0, signs))
-    fin = jnp.max(jnp.where(y < limit, y, np.float32(0.0)))
-    raw = jnp.max(y)  # NaN propagates: poisoned below
-    rot = (bits.round_block_max(fin * np.float32(0.25), x2.dtype),
-           ~(raw * np.float32(0.25) < np.float32(overflow)))
-    return xla_plain_amax(x2), rot
-
-
 def finite_amax_xla(x2: jax.Array, hadamard: bool, signs, axis: int) -> jax.Array:
     """max|x| over finite (rotated) values in plain XLA: the rare non-finite-amax branch."""
     xf = x2.astype(_F32)

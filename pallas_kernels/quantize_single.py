@@ -79,10 +79,6 @@ class QuantizeConfig:
       xla_amax_elements: a plain (not rotated) global amax of an input of at most this
         many elements is reduced by XLA instead of the amax kernel (0: always the kernel);
         see `pallas_kernels.amax.plain_amax`.
-      xla_rht_amax: the two-output launches' amax pass (plain and rotated) as XLA
-        reductions (`pallas_kernels.amax.xla_amax_pass`, the same bits) instead of the
-        amax kernel: XLA may fuse them into the op that produces ``x`` and save a read.
-        Off until measured on the H200.
     """
 
     block_rows: int = 16
@@ -94,7 +90,6 @@ class QuantizeConfig:
     amax_block_cols: int = 256
     amax_stages: int = 3
     xla_amax_elements: int = 1 << 22
-    xla_rht_amax: bool = False
 
     def __post_init__(self):
         for name in ("block_rows", "block_cols", "stages", "ctas_per_sm",

@@ -68,8 +68,7 @@ def _rowcol_jit(x, row_key, col_key, row_amax, col_amax, *, rounding, hadamard_s
     stochastic = rounding == "stochastic"
     res = []
     if row_amax is None or col_amax is None:  # one pass for both
-        res = [amax_pass.xla_amax_pass(x, hadamard_signs) if config.xla_rht_amax
-               else amax_pass.run_amax(x, True, hadamard_signs, config, interpret)]
+        res = [amax_pass.run_amax(x, True, hadamard_signs, config, interpret)]
 
     stored_r, amax_r = amax_pass.scales_from(
         row_amax, lambda: res[0][0],
