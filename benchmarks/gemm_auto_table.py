@@ -43,11 +43,13 @@ TIMER = f"time_in_program: per call, the slope of {CALLS} and {2 * CALLS} calls 
 
 
 def operands(layout: str, tokens: int, d_in: int, d_out: int, seed: int):
-    """(lhs, rhs, lhs_from_mT, (m, n, k)) of one GEMM as `fp4jax.dot_general` forms it."""
+    """(lhs, rhs, (m, n, k)) of one GEMM as `fp4jax.dot_general` stores them, before the
+    ``.mT`` it takes inside the step (`gemm_of`): dgrad's weight and wgrad's X as quantized.
+    """
     lhs, rhs = _quantized_operands(layout, tokens, d_in, d_out, jnp.uint32(seed))
     m, n, k = {"fprop": (tokens, d_out, d_in), "dgrad": (tokens, d_in, d_out),
                "wgrad": (d_in, d_out, tokens)}[layout]
-    return lhs, rhs, layout == "wgrad", (m, n, k)
+    return lhs, rhs, (m, n, k)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -61,11 +63,32 @@ def _quantized_operands(layout, tokens, d_in, d_out, seed):
     if layout == "fprop":
         return fp4jax.quantize(x), fp4jax.quantize(w, axis=0, block_2d=True)
     if layout == "dgrad":
-        return fp4jax.quantize(g), fp4jax.quantize(w, axis=0, block_2d=True).mT
+        return fp4jax.quantize(g), fp4jax.quantize(w, axis=0, block_2d=True)
     if layout == "wgrad":
-        return (fp4jax.quantize(x, axis=0, hadamard=True).mT,
-                fp4jax.quantize(g, axis=0, hadamard=True))
+        return fp4jax.quantize(x, axis=0, hadamard=True), fp4jax.quantize(g, axis=0, hadamard=True)
     raise ValueError(f"unknown layout {layout!r}")
+
+
+def views(layout: str, lhs, rhs):
+    """``(lhs, rhs, lhs_from_mT)`` as ``fp4jax.matmul`` takes `operands`' stored arrays in
+    ``layout``: dgrad multiplies by ``W.mT``, wgrad by ``Xᵀ`` (``lhs_from_mT``)."""
+    if layout == "dgrad":
+        return lhs, rhs.mT, False
+    if layout == "wgrad":
+        return lhs.mT, rhs, True
+    return lhs, rhs, False
+
+
+def gemm_of(layout: str, impl: str):
+    """The jitted GEMM of ``layout`` on `operands`, with the transposed views taken inside
+    the program as in the training step: there XLA folds them into the kernel's own
+    transpose back to the stored layout (a transposed copy made outside and then timed
+    would count a transpose the step does not run)."""
+    def f(lhs, rhs):
+        a, b, from_mt = views(layout, lhs, rhs)
+        return fp4jax.matmul(a, b, preferred_element_type=jnp.bfloat16, impl=impl,
+                             lhs_from_mT=from_mt)
+    return jax.jit(f)
 
 
 def measure(layout: str, tokens: int, d_in: int, d_out: int, iters: int) -> dict:
@@ -73,12 +96,11 @@ def measure(layout: str, tokens: int, d_in: int, d_out: int, iters: int) -> dict
     sets = [operands(layout, tokens, d_in, d_out, 0)]
     copies = sets_to_defeat_l2(nbytes(sets[0][:2]))
     sets += [operands(layout, tokens, d_in, d_out, seed) for seed in range(1, copies)]
-    mnk = sets[0][3]
+    mnk = sets[0][2]
     row = {"layout": layout, "m": mnk[0], "n": mnk[1], "k": mnk[2]}
     outs = {}
     for impl in ("xla", "pallas"):
-        f = jax.jit(lambda a, b, impl=impl, t=sets[0][2]: fp4jax.matmul(
-            a, b, preferred_element_type=jnp.bfloat16, impl=impl, lhs_from_mT=t))
+        f = gemm_of(layout, impl)
         try:
             outs[impl] = np.asarray(f(sets[0][0], sets[0][1]), np.float32)
             row[f"{impl}_ms"] = 1e3 * time_in_program(f, [s[:2] for s in sets], iters=iters,

@@ -103,7 +103,8 @@ def auto_gemm_backends(trainer: tl.Trainer, tokens: int) -> list[dict]:
         meta = []
 
         def abstract(layout=layout, d_in=d_in, d_out=d_out, meta=meta):
-            lhs, rhs, from_mt, mnk = gemm_auto_table.operands(layout, tokens, d_in, d_out, 0)
+            lhs, rhs, mnk = gemm_auto_table.operands(layout, tokens, d_in, d_out, 0)
+            lhs, rhs, from_mt = gemm_auto_table.views(layout, lhs, rhs)
             meta.append((from_mt, mnk))
             return lhs, rhs
 
