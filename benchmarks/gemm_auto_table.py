@@ -164,6 +164,7 @@ def main(argv=None) -> None:
                    help="measure only the shapes (of --tokens and --widths) where this "
                         "gemm_table.py picks the kernel: where auto picks XLA it cannot be "
                         "slower than XLA")
+    p.add_argument("--layouts", default="fprop,dgrad,wgrad")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--widths", default=",".join(f"{a}x{b}" for a, b in WIDTHS),
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
     rows = []
     print(f"{'layout':6s} {'M':>6s} {'N':>6s} {'K':>6s} {'xla ms':>9s} {'pallas ms':>9s} "
           f"{'pallas/xla':>10s}", flush=True)
-    shapes = [(layout, tokens, d_in, d_out) for layout in ("fprop", "dgrad", "wgrad")
+    shapes = [(layout, tokens, d_in, d_out) for layout in args.layouts.split(",")
               for tokens in map(int, args.tokens.split(","))
               for d_in, d_out in (map(int, w.split("x")) for w in args.widths.split(","))]
     if args.kernel_rows_of:
