@@ -89,8 +89,8 @@ from pallas_kernels import gemm_pipelined_decode as pd
 from pallas_kernels import gemm_pipelined_layouts as pl_
 from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.gemm_config import TuningConfig
-from pallas_kernels.gemm_kernel import Problem, store_epilogue, swizzled
 from pallas_kernels.gemm_pipelined_layouts import HALF_N, TILE_K, WG_M
+from pallas_kernels.gemm_skeleton import Problem, store_epilogue, swizzled
 
 B_SLOTS = 3
 """Decoded rhs buffers (see the module docstring for why three need no release barrier)."""
