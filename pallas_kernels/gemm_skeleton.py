@@ -3,11 +3,12 @@
 Every GEMM kernel (`gemm_kernel`'s serial mainloop, `gemm_pipelined`, `gemm_skinny`) is
 one CTA of 2 consumer warpgroups + 1 TMA producer warpgroup (thread axis ``"wg"``),
 persistent over its output tiles (grid axis ``"sm"``, `launch`), pipelining K through
-`plgpu.emit_pipeline_warp_specialized` (`k_pipeline`, `pipeline_scope`). For the two
-mainloops of the general kernel, `persistent_gemm` is the whole kernel body but the
-mainloop (the TMA operand specs, the tile loop, the epilogue) and `call_gemm` the whole
-launch but the mainloop's scratch; a mainloop file keeps only its decode and ``wgmma``
-per K step, its operand swizzles and its shared-memory buffers.
+`plgpu.emit_pipeline_warp_specialized` (`k_pipeline`, `pipeline_scope`). The two
+mainloops of the general kernel share more: `persistent_gemm` is their kernel body (the
+TMA operand specs, the tile loop, the accumulator, the epilogue) around a `Mainloop`,
+and `call_gemm` their launch (output, epilogue buffers, grid); a mainloop file keeps
+only its decode and ``wgmma`` per K step, its operand swizzles and its shared-memory
+buffers.
 
 The epilogue multiplies the float32 accumulator by ``2**16`` (exact: undoes the ``2**-8``
 per decoded operand) and by ``fl(gds_lhs · gds_rhs)``, casts, and stores through SMEM
