@@ -6,12 +6,14 @@ One job per module (docs/ARCHITECTURE.md):
 * `quantize_two_output`: the rowwise and columnwise-RHT copies from one read
   (`quantize_rowwise_columnwise`, `supports`, `reference`, `main`).
 * `gemm`: the NVFP4 × NVFP4 GEMM (`matmul`, `supports`, `reference`, `main`);
-  `gemm_config` its tuning, `gemm_kernel` the kernel body, `gemm_decode` the in-kernel
+  `gemm_config` its tuning, `gemm_kernel` the serial mainloop, `gemm_decode` the in-kernel
   E2M1 decode; `gemm_skinny` the kernel for M <= 64 (weight in registers, fprop and
   dgrad), `gemm_skinny_layouts` / `gemm_skinny_decode` its register layouts and decode,
   `gemm_skinny_bench` its benchmark table; `gemm_pipelined` the pipelined mainloop
   (``TuningConfig.mainloop``), `gemm_pipelined_layouts` / `gemm_pipelined_decode` its
-  layouts and decode; `wgmma_regs` the register-level E2M1 decode both kernels share;
+  layouts and decode; `gemm_skeleton` the persistent kernel skeleton (pipeline, tile
+  loop, epilogue, launch) the GEMM kernels share; `wgmma_regs` the register-level E2M1
+  decode both kernels share;
   `gemm_data` the exact-sum data of the GEMM benchmarks and tests.
 * `amax`: the global-amax pass; `quantize_engines`: the quantize kernel body;
   `bit_tricks`: in-kernel elementwise numerics; `tma_pipeline`: the shared Mosaic GPU

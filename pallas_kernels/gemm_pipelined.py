@@ -1,9 +1,10 @@
 """The pipelined Hopper NVFP4 GEMM mainloop (``TuningConfig.mainloop = "pipelined"``).
 
 One CTA = 2 consumer warpgroups + 1 TMA producer warpgroup, persistent over 128×256
-output tiles (`plgpu.emit_pipeline_warp_specialized`: packed codes and block factors in
-3 stages of 128 K). Each stage is two 64-wide substeps; per substep each consumer
-warpgroup (64 output rows × 256 columns):
+output tiles (`pallas_kernels.gemm_skeleton`, the skeleton shared with the serial
+mainloop: packed codes and block factors in 3 stages of 128 K, the tile loop, the
+epilogue). This module is the mainloop: each stage is two 64-wide substeps; per substep
+each consumer warpgroup (64 output rows × 256 columns):
 
 1. decodes its 64 lhs rows straight into ``wgmma``'s register A operand (one 64-bit
    shared-memory load per row and thread for an lhs stored ``(M, K/2)``, 16-bit loads of
@@ -84,116 +85,30 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4jax.numerics.constants import BLOCK
-from pallas_kernels import gemm_decode as dec
 from pallas_kernels import gemm_pipelined_decode as pd
 from pallas_kernels import gemm_pipelined_layouts as pl_
-from pallas_kernels import tma_pipeline as tp
+from pallas_kernels import gemm_skeleton as sk
 from pallas_kernels.gemm_config import TuningConfig
-from pallas_kernels.gemm_kernel import Problem, store_epilogue, swizzled
 from pallas_kernels.gemm_pipelined_layouts import HALF_N, TILE_K, WG_M
+from pallas_kernels.gemm_skeleton import Problem, swizzled
 
 B_SLOTS = 3
 """Decoded rhs buffers (see the module docstring for why three need no release barrier)."""
 
 
-def _kernel(
-    lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem,
-    out_gmem, out_smem, a_smem, b_dec_smem, b_full,
-    *, p: Problem, cfg: TuningConfig, interpret: bool,
-):
-    """One persistent CTA: loops over output tiles, pipelines packed K-tiles.
-
-    Refs (batch-major; GMEM): as `pallas_kernels.gemm_kernel` except the rhs factors of
-    an rhs stored ``(N/2, K)``: one per 16×16 tile, ``(B, K/16, N/16)``.
-    """
+def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, p: Problem, cfg: TuningConfig,
+            interpret: bool):
+    """The pipelined mainloop in `gemm_skeleton.persistent_gemm` (``gmem``: its refs, the
+    rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``)."""
     a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
-    tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
-    m_iters, n_iters = p.m // cta_tm, p.n // cta_tn
-    k_per_split = p.k // cfg.k_splits
-    k_iters = k_per_split // tk
-    split_out = cfg.k_splits > 1
+    k_iters = p.k // cfg.k_splits // cfg.tile_k
+    substeps = cfg.tile_k // TILE_K
 
-    substeps = tk // TILE_K
-
-    # Swizzles follow the per-warpgroup and per-substep slices, so they stay whole tiles.
-    lhs_tf = swizzled(WG_M, 8, "lhs") if p.lhs_cols else swizzled(TILE_K // 2, 8, "lhs")
-    rhs_tf = swizzled(TILE_K, 8, "rhs") if p.rhs_cols else swizzled(HALF_N, 8, "rhs")
-    in_specs = [
-        plgpu.BlockSpec(
-            (tk // 2, cta_tm) if p.lhs_cols else (cta_tm, tk // 2),
-            (lambda k: (k, 0)) if p.lhs_cols else (lambda k: (0, k)),
-            transforms=lhs_tf,
-        ),
-        plgpu.BlockSpec((tk // BLOCK, cta_tm), lambda k: (k, 0)),
-        plgpu.BlockSpec(
-            (cta_tn // 2, tk) if p.rhs_cols else (tk // 2, cta_tn),
-            (lambda k: (0, k)) if p.rhs_cols else (lambda k: (k, 0)),
-            transforms=rhs_tf,
-        ),
-        plgpu.BlockSpec((tk // BLOCK, cta_tn // BLOCK if p.rhs_cols else cta_tn),
-                        lambda k: (k, 0)),
-    ]
-
-    def get_pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body,
-            grid=(k_iters,),
-            memory_registers=40,
-            in_specs=in_specs,
-            wg_axis="wg",
-            num_compute_wgs=2,
-            max_concurrent_steps=cfg.max_concurrent_steps,
-            compute_context=compute_context,
-        )
-
-    def ignore(*_, **__):
-        return None
-
-    @functools.partial(
-        pl.run_scoped,
-        allocs=get_pipeline(ignore, ignore).get_allocations(
-            lhs_gmem.at[0], lhs_scales_gmem.at[0], rhs_gmem.at[0], rhs_scales_gmem.at[0]
-        ),
-        collective_axes="wg",
-    )
-    def _scope(allocs):
-        wg = lax.axis_index("wg")
+    def mainloop(wg):
         wg_rows = pl.ds(wg * WG_M, WG_M)
         wg_half = pl.ds(wg * HALF_N, HALF_N)
 
-        @plgpu.nd_loop(
-            (p.batch * cfg.k_splits * m_iters * n_iters,), collective_axes="sm"
-        )
-        def _tile_loop(info: plgpu.NDLoopInfo):
-            (lin,) = info.index
-            bk, mn = lin // (m_iters * n_iters), lin % (m_iters * n_iters)
-            b, ks = bk // cfg.k_splits, bk % cfg.k_splits
-            m_idx, n_idx = plgpu.planar_snake(
-                mn, (m_iters, n_iters), cfg.grid_minor_dim, cfg.grid_tile_width
-            )
-            m_sl = pl.ds(m_idx * cta_tm, cta_tm)
-            n_sl = pl.ds(n_idx * cta_tn, cta_tn)
-            k_sl = pl.ds(ks * k_per_split, k_per_split)
-            kp_sl = pl.ds(ks * (k_per_split // 2), k_per_split // 2)
-            ks_sl = pl.ds(ks * (k_per_split // BLOCK), k_per_split // BLOCK)
-
-            def compute_context(eval_pipeline):
-                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((WG_M, cta_tn), jnp.float32))
-                def _acc_scope(acc_ref):
-                    eval_pipeline(acc_ref)
-                    acc = acc_ref[...] * dec.ACC_UNSCALE  # waits for the last wgmma
-                    if split_out:
-                        out_tile = out_gmem.at[ks, b]
-                    else:
-                        acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
-                        out_tile = out_gmem.at[b]
-                    out_tile = out_tile.at[m_sl, n_sl].at[wg_rows, :]
-                    store = None
-                    if p.lhs_cols:  # A rows permuted: the slices are renamed back
-                        def store(part, ref):
-                            pd.store_output(a_op, part, ref, interpret=interpret)
-                    store_epilogue(acc, out_smem.at[wg], out_tile, cfg, store)
-
+        def tile(info):
             def mma_body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref):
                 # Each substep's A is a separate set of registers: the wgmma of the
                 # previous substep still reads its own while this one is decoded.
@@ -227,24 +142,21 @@ def _kernel(
                     plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
                 return acc_ref
 
-            lhs_tile = lhs_gmem.at[b]
-            lhs_tile = lhs_tile.at[kp_sl, m_sl] if p.lhs_cols else lhs_tile.at[m_sl, kp_sl]
-            rhs_tile = rhs_gmem.at[b]
-            rhs_tile = (
-                rhs_tile.at[pl.ds(n_idx * (cta_tn // 2), cta_tn // 2), k_sl]
-                if p.rhs_cols else rhs_tile.at[kp_sl, n_sl]
-            )
-            rhs_s_tile = rhs_scales_gmem.at[b].at[
-                ks_sl, pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK) if p.rhs_cols else n_sl]
-            get_pipeline(mma_body, compute_context)(
-                lhs_tile,
-                lhs_scales_gmem.at[b].at[ks_sl, m_sl],
-                rhs_tile,
-                rhs_s_tile,
-                allocations=allocs,
-            )
+            store = None
+            if p.lhs_cols:  # A rows permuted: the slices are renamed back
+                def store(part, ref):
+                    pd.store_output(a_op, part, ref, interpret=interpret)
+            return sk.TileMainloop(mma_body, (wg_rows, slice(None)), store)
+        return tile
 
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    # Swizzles follow the per-warpgroup and per-substep slices, so they stay whole tiles.
+    sk.persistent_gemm(
+        gmem, out_smem, p, cfg,
+        lhs_transforms=(swizzled(WG_M, 8, "lhs") if p.lhs_cols
+                        else swizzled(TILE_K // 2, 8, "lhs")),
+        rhs_transforms=(swizzled(TILE_K, 8, "rhs") if p.rhs_cols
+                        else swizzled(HALF_N, 8, "rhs")),
+        rhs_scale_tiles=True, mainloop=mainloop)
 
 
 SMEM_BYTES = 227 * 1024
@@ -289,41 +201,19 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     """
     if cfg.mainloop != "pipelined":
         raise ValueError(f"the pipelined kernel needs mainloop='pipelined', got {cfg.mainloop!r}")
-    out_dtype = jnp.float32 if cfg.k_splits > 1 else p.out_dtype
-    out_shape = (p.batch, p.m, p.n)
-    if cfg.k_splits > 1:
-        out_shape = (cfg.k_splits,) + out_shape
-    bits = jnp.dtype(out_dtype).itemsize * 8
-    num_out_slots = min(2, (cfg.tile_m * cfg.tile_n) // (cfg.epi_tile_m * cfg.epi_tile_n),
-                        _out_slots_that_fit(p, cfg, bits))
+    bits = jnp.dtype(sk.output_type(p, cfg).dtype).itemsize * 8
     bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
     b_shape = (cfg.cta_tile_n, TILE_K) if p.rhs_cols else (TILE_K, cfg.cta_tile_n)
     a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
     scratch = {
-        "out_smem": plgpu.SMEM(
-            (2, num_out_slots, cfg.epi_tile_m, cfg.epi_tile_n), out_dtype,
-            transforms=swizzled(cfg.epi_tile_n * bits // 8, bits, "out"),
-        ),
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
         "b_dec_smem": plgpu.SMEM((B_SLOTS, *b_shape), jnp.bfloat16, transforms=bf16_tf),
         "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=B_SLOTS),
     }
-    num_tiles = p.batch * cfg.k_splits * (p.m // cfg.cta_tile_m) * (p.n // cfg.cta_tile_n)
-    grid = tp.grid_size(num_tiles, num_ctas=cfg.num_sms, ctas_per_sm=1, interpret=interpret)
-    kernel = plgpu.kernel(
-        functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
-        out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
-        grid=(grid,),
-        grid_names=("sm",),
-        kernel_name="fp4jax_gemm_pipelined",
-        num_threads=3,
-        thread_name="wg",
-        scratch_types=scratch,
-        compiler_params=tp.lane_params(
-            # The decoded buffers are ordered by their barrier (each thread fences its
-            # stores first); the epilogue places its own barriers.
-            unsafe_no_auto_barriers=not cfg.auto_barriers,
-        ),
-        interpret=tp.interpret_params(interpret),
-    )
-    return kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale)
+    # Without Pallas' automatic barriers (unless cfg.auto_barriers): the decoded buffers
+    # are ordered by their barrier (each thread fences its stores first); the epilogue
+    # places its own barriers.
+    return sk.call_gemm(functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
+                        (lhs_d, lhs_s, rhs_d, rhs_s, out_scale), p, cfg, interpret,
+                        kernel_name="fp4jax_gemm_pipelined", scratch=scratch,
+                        max_out_slots=_out_slots_that_fit(p, cfg, bits))

@@ -8,9 +8,10 @@ the 16×16-tiled weight as stored, ``(K/2, N)``, in both of its GEMMs: fprop ``X
 (``W' = Wᵀ``) and dgrad ``dY @ W.mT`` (``W' = W``); `gemm_skinny_layouts` has the
 register layouts of each.
 
-* Each CTA (2 consumer warpgroups + 1 TMA producer, `plgpu.emit_pipeline_warp_specialized`)
-  owns 256 output columns (`gemm_skinny_layouts.WG_ROWS` per warpgroup) and one of
-  ``k_splits`` K ranges; the grid is ``N/256 · k_splits`` CTAs, persistent.
+* Each CTA (2 consumer warpgroups + 1 TMA producer, `plgpu.emit_pipeline_warp_specialized`;
+  the launch and K pipeline are `gemm_skeleton`'s) owns 256 output columns
+  (`gemm_skinny_layouts.WG_ROWS` per warpgroup) and one of ``k_splits`` K ranges; the
+  grid is ``N/256 · k_splits`` CTAs, persistent.
 * A pipeline stage holds ``tile_k`` contraction elements of the weight's packed codes
   and of its 16×16-tile E4M3 scale bytes (as stored: no expanded per-block array), and
   the activations' ``(M, tile_k)`` BF16 tile.
@@ -51,10 +52,11 @@ from jax import lax
 from fp4jax.numerics import layout
 from fp4jax.numerics.constants import BLOCK
 from fp4jax.numerics.nvfp4_array import NVFP4Array, e2m1_to_bf16, unpack_codes
+from pallas_kernels import gemm_skeleton as sk
 from pallas_kernels import gemm_skinny_decode as sd
 from pallas_kernels import gemm_skinny_layouts as sl
-from pallas_kernels import tma_pipeline as tp
 from pallas_kernels.gemm_config import SKINNY_CTA_N, SkinnyConfig
+from pallas_kernels.gemm_skeleton import swizzled
 from pallas_kernels.gemm_skinny_layouts import WG_ROWS
 
 M_ALIGN = 8
@@ -72,26 +74,21 @@ class Problem:
     variant: str = "fprop"  # the weight's layout (gemm_skinny_layouts.VARIANTS)
 
 
-def _swizzle(minor_bytes: int, bits: int) -> tuple[Any, ...]:
-    swizzle = plgpu.find_swizzle(minor_bytes * 8, "skinny")
-    return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
-
-
 _SCALE_BLOCK = 16  # dgrad: scale columns per TMA box (its minor dim must be 16 bytes)
 
 
 def _in_specs(p: Problem, tk: int) -> list:
     """Block specs of one pipeline step: weight codes, scale bytes, activations."""
-    x = plgpu.BlockSpec((p.m, tk), lambda k: (0, k), transforms=_swizzle(128, 16))
+    x = plgpu.BlockSpec((p.m, tk), lambda k: (0, k), transforms=swizzled(128, 16, "skinny"))
     if p.variant == "fprop":  # codes (K/2, N), scales (K/16, N/16)
         return [plgpu.BlockSpec((tk // 2, SKINNY_CTA_N), lambda k: (k, 0),
-                                transforms=_swizzle(WG_ROWS, 8)),
+                                transforms=swizzled(WG_ROWS, 8, "skinny")),
                 plgpu.BlockSpec((tk // BLOCK, SKINNY_CTA_N // BLOCK), lambda k: (k, 0)), x]
     # dgrad: codes (N/2, K), scales (N/16, K/16); a box of 16 scale columns covers
     # 16 / (tk/16) steps.
     per_box = _SCALE_BLOCK * BLOCK // tk
     return [plgpu.BlockSpec((SKINNY_CTA_N // 2, tk), lambda k: (0, k),
-                            transforms=_swizzle(tk, 8)),
+                            transforms=swizzled(tk, 8, "skinny")),
             plgpu.BlockSpec((SKINNY_CTA_N // BLOCK, _SCALE_BLOCK), lambda k: (0, k // per_box)),
             x]
 
@@ -112,22 +109,10 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
     n_iters = p.n // SKINNY_CTA_N
     kps = p.k // cfg.k_splits  # contraction per split
     in_specs = _in_specs(p, tk)
+    get_pipeline = functools.partial(sk.k_pipeline, in_specs=in_specs, k_steps=kps // tk,
+                                     max_concurrent_steps=cfg.max_concurrent_steps)
 
-    def get_pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(kps // tk,), memory_registers=40, in_specs=in_specs,
-            wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=cfg.max_concurrent_steps,
-            compute_context=compute_context,
-        )
-
-    def ignore(*_, **__):
-        return None
-
-    @functools.partial(
-        pl.run_scoped,
-        allocs=get_pipeline(ignore, ignore).get_allocations(w_gmem, ws_gmem, x_gmem),
-        collective_axes="wg",
-    )
+    @sk.pipeline_scope(get_pipeline, w_gmem, ws_gmem, x_gmem)
     def _scope(allocs):
         wg = lax.axis_index("wg")
         wg_rows, wg_scales = pl.ds(wg * rows, rows), pl.ds(wg * (rows // BLOCK), rows // BLOCK)
@@ -205,22 +190,15 @@ def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
     out_dtype = jnp.float32 if split else p.out_dtype
     out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
     a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
-    num_tiles = cfg.k_splits * (p.n // SKINNY_CTA_N)
-    grid = tp.grid_size(num_tiles, num_ctas=cfg.num_sms, ctas_per_sm=1, interpret=interpret)
-    kernel = plgpu.kernel(
+    return sk.launch(
         functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
+        (w_codes, w_scales, x, out_scale),
         out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
-        grid=(grid,),
-        grid_names=("sm",),
+        num_tiles=cfg.k_splits * (p.n // SKINNY_CTA_N), num_ctas=cfg.num_sms,
         kernel_name="fp4jax_gemm_skinny",
-        num_threads=3,
-        thread_name="wg",
-        scratch_types={"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
-                                            transforms=_swizzle(128, 16))},
-        compiler_params=tp.lane_params(),
-        interpret=tp.interpret_params(interpret),
-    )
-    return kernel(w_codes, w_scales, x, out_scale)
+        scratch={"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
+                                      transforms=swizzled(128, 16, "skinny"))},
+        interpret=interpret)
 
 
 def decode_activations(lhs: NVFP4Array, m_pad: int, variant: str = "fprop") -> jax.Array:

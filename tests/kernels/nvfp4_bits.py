@@ -1,6 +1,8 @@
 """Helpers shared by the kernel tests: bitwise NVFP4Array comparison, test data (also the
-GEMM operands of the three training layouts), and the interpret-mode worker subprocess."""
+GEMM operands of the three training layouts), the interpret-mode worker subprocess and
+the interpret-mode GEMM against the reference."""
 
+import functools
 import json
 import os
 import subprocess
@@ -106,10 +108,11 @@ def on_cpu(fn, *args):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.cache
 def interpret_worker_results(test_file: str) -> dict:
     """Runs ``python test_file --interpret-worker`` on the CPU (8 host devices) and returns
     the JSON its last line prints: a test module's interpret-mode cases in one process,
-    away from the pytest process's JAX configuration."""
+    away from the pytest process's JAX configuration (once per file: cached)."""
     path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
                XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
@@ -133,6 +136,17 @@ def compare_outputs(got, want) -> dict:
         "max_rel_elem": float(np.max(np.abs(got - want) / (np.abs(want) + 1e-3))),
         "bitwise": bool(np.array_equal(got.view(np.uint32), want.view(np.uint32))),
     }
+
+
+def interpreted_gemm_vs_reference(lhs, rhs, dtype, cfg, **kw) -> dict:
+    """`compare_outputs` of `pallas_kernels.gemm.matmul` in Mosaic GPU interpret mode
+    (``config=cfg``, ``kw``) against the reference GEMM, both with
+    ``preferred_element_type=dtype``."""
+    from fp4jax.reference.gemm import matmul as ref_matmul  # noqa: PLC0415 - GEMM tests only
+    from pallas_kernels import gemm  # noqa: PLC0415
+
+    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
+    return compare_outputs(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
 
 
 def worker_main(cases, run_case) -> None:

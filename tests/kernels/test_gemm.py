@@ -27,6 +27,7 @@ from tests.kernels.nvfp4_bits import abstract_layout_operands as _abstract_opera
 from tests.kernels.nvfp4_bits import (
     compare_outputs,
     interpret_worker_results,
+    interpreted_gemm_vs_reference,
     nan_poison_allocator,
     worker_main,
 )
@@ -66,19 +67,12 @@ def _run_case(name):
         lhs, rhs, kw = quantize(x), quantize(w, axis=1, block_2d=True), {}
     else:
         lhs, rhs, kw = _layout_operands(layout, m, n, k, exact=exact)
-    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
-    want = ref_matmul(lhs, rhs, preferred_element_type=dtype)
-    return compare_outputs(got, want)
-
-
-@functools.cache
-def _interpret_results():
-    return interpret_worker_results(__file__)
+    return interpreted_gemm_vs_reference(lhs, rhs, dtype, cfg, **kw)
 
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
 def test_interpret_matches_reference(name):
-    r = _interpret_results()[name]
+    r = interpret_worker_results(__file__)[name]
     _, _, exact, dtype, _, _ = INTERPRET_CASES[name]
     assert r["shape_ok"] and r["finite"], r
     if exact:

@@ -39,6 +39,7 @@ from tests.kernels.nvfp4_bits import (
     abstract_layout_operands,
     compare_outputs,
     interpret_worker_results,
+    interpreted_gemm_vs_reference,
     layout_operands,
     nan_poison_allocator,
     worker_main,
@@ -244,18 +245,12 @@ INTERPRET_CASES = {
 def _run_case(name):
     layout, (m, n, k), exact, dtype, cfg = INTERPRET_CASES[name]
     lhs, rhs, kw = layout_operands(layout, m, n, k, exact=exact)
-    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True, **kw)
-    return compare_outputs(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
-
-
-@functools.cache
-def _interpret_results():
-    return interpret_worker_results(__file__)
+    return interpreted_gemm_vs_reference(lhs, rhs, dtype, cfg, **kw)
 
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
 def test_interpret_matches_reference(name):
-    r = _interpret_results()[name]
+    r = interpret_worker_results(__file__)[name]
     assert r["shape_ok"] and r["finite"] and r["bitwise"], r
 
 

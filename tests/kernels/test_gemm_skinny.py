@@ -34,6 +34,7 @@ from pallas_kernels.gemm_config import SkinnyConfig, default_config
 from tests.kernels.nvfp4_bits import (
     compare_outputs,
     interpret_worker_results,
+    interpreted_gemm_vs_reference,
     nan_poison_allocator,
     worker_main,
 )
@@ -270,19 +271,13 @@ INTERPRET_CASES = {
 def _run_case(name):
     (m, n, k), layout, exact, dtype, cfg = INTERPRET_CASES[name]
     lhs, rhs = _operands(m, n, k, layout=layout, exact=exact)
-    got = gemm.matmul(lhs, rhs, preferred_element_type=dtype, config=cfg, interpret=True)
-    return compare_outputs(got, ref_matmul(lhs, rhs, preferred_element_type=dtype))
-
-
-@functools.cache
-def _interpret_results():
-    return interpret_worker_results(__file__)
+    return interpreted_gemm_vs_reference(lhs, rhs, dtype, cfg)
 
 
 @pytest.mark.parametrize("name", list(INTERPRET_CASES))
 def test_interpret_matches_reference(name):
     _, _, exact, dtype, _ = INTERPRET_CASES[name]
-    _check(_interpret_results()[name], exact, dtype)
+    _check(interpret_worker_results(__file__)[name], exact, dtype)
 
 
 def _abstract(m, n, k, layout="fprop"):
