@@ -1,7 +1,7 @@
 # GPU session 2026-12-01 (seventh), call 1 (≤ 9.5 min):
 # 1. the in-program timer on the GPU (tests/kernels/test_timing.py, seconds);
 # 2. the pipelined GEMM mainloop (issue 9 t1): its GPU tests, ptxas report and SASS per pipe
-#    (benchmarks/gpu_session_pipelined.sh's steps, shorter limits);
+#    (registers, spills, serialized wgmmas);
 # 3. the mainloop table: BF16, XLA, serial, pipelined at 4096³/8192³, three layouts, bits;
 # 4. issue 8 t1's limiter: the single-output 1D RNE kernel's SASS, instructions per
 #    element by pipe (Nsight Compute segfaults on this kernel).
