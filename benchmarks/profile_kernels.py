@@ -15,6 +15,8 @@ Cases (8192×8192 BF16 input unless stated):
 * ``q_xla``: the XLA reference quantize (1D RNE, amax given);
 * ``gemm_pallas``, ``gemm_xla``, ``gemm_bf16``: 8192³ NVFP4 GEMM (Pallas kernel; XLA
   dequantize + dot) and the BF16 ``jnp.dot``;
+* ``gemm_skinny``, ``gemm_skinny_bf16``: the same weight with 16 rows of activations
+  (the skinny kernel, as `pallas_kernels.gemm.matmul` calls it) and its BF16 ``jnp.dot``;
 * ``layer_bf16``, ``layer_auto``: one linear layer fwd+bwd (8192 tokens, 8192→8192,
   full recipe, ``impl="auto"``) — for the where-the-time-goes table.
 
@@ -90,6 +92,10 @@ def cases(n: int) -> dict:
         p, q, preferred_element_type=jnp.bfloat16, impl="xla")), (qa, qb))
     out["gemm_bf16"] = (jax.jit(lambda p, q: jnp.dot(
         p, q, preferred_element_type=jnp.bfloat16)), (a, b))
+    out["gemm_skinny"] = (jax.jit(lambda p, q: kgemm.matmul(
+        p, q, preferred_element_type=jnp.bfloat16)), (fp4jax.quantize(a[:16]), qb))
+    out["gemm_skinny_bf16"] = (jax.jit(lambda p, q: jnp.dot(
+        p, q, preferred_element_type=jnp.bfloat16)), (a[:16], b))
     w = (b.astype(jnp.float32) / np.sqrt(n)).astype(jnp.bfloat16)
     ct = jax.random.normal(jax.random.key(6), (n, n), jnp.bfloat16)
     out["layer_bf16"] = (layer_fn(None), (a, w, ct, key))
