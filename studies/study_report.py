@@ -197,6 +197,46 @@ def gap_along_training(variants: dict[str, dict[int, dict]],
     return "\n".join([head, "|" + " --- |" * (len(steps_used) + 2), *rows])
 
 
+def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: float = 0.75
+                       ) -> str:
+    """Where the seed-to-seed spread of the gap comes from (a markdown table; empty without
+    a variant of two or more seeds paired with BF16).
+
+    Per seed, the range of its paired gap over the evaluations from ``from_fraction`` of
+    the run on; beside it, the mean of those within-seed ranges and the between-seed sd of
+    the final gap. A narrow within-seed range next to a wide between-seed sd says the
+    spread is between training trajectories, not evaluation noise: more validation data
+    would not narrow the interval, only more seeds or a less noisy training setup.
+    """
+    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
+    rows = []
+    for v, runs in variants.items():
+        if v == BASELINE:
+            continue
+        gaps = {}
+        for s, r in sorted(runs.items()):
+            if s not in base or not _finite_val(r):
+                continue
+            curve = _val_at(r)
+            steps = sorted(set(curve) & set(base[s]))
+            if not steps:
+                continue
+            late = [t for t in steps if t >= from_fraction * steps[-1]]
+            gaps[s] = [curve[t] / base[s][t] - 1.0 for t in late]
+        if len(gaps) < 2:
+            continue
+        bands = ", ".join(f"s{s} {_pct(min(g))} .. {_pct(max(g))}" for s, g in gaps.items())
+        within = sum(max(g) - min(g) for g in gaps.values()) / len(gaps)
+        between = mean_interval([g[-1] for g in gaps.values()]).sd or 0.0
+        rows.append(f"| {v} (n={len(gaps)}) | {bands} | {within * 100:.2f} pp | "
+                    f"{between * 100:.2f} pp |")
+    if not rows:
+        return ""
+    head = (f"| variant | each seed's gap from {from_fraction:.0%} of the run on | "
+            "mean within-seed range | between-seed sd (final) |")
+    return "\n".join([head, "| --- | --- | --- | --- |", *rows])
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.2f}%"
 
@@ -441,6 +481,12 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
             lines += ["The paired gap along training (mean ± seed-to-seed sd, percent, at "
                       "the evaluation steps), and how many seeds the last sd would need "
                       f"for a ±{WIDE_PP} pp 95% interval:", "", along, ""]
+        spread = gap_spread_sources(variants)
+        if spread:
+            lines += ["Where that spread comes from: each seed's gap over its evaluations "
+                      "from 75% of the run on against the spread between seeds (a seed that "
+                      "holds its gap while seeds differ by more means trajectory noise, which "
+                      "more validation data would not reduce):", "", spread, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")

@@ -316,6 +316,32 @@ def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     assert study_report.gap_along_training({"bf16": variants["bf16"]}) == ""
 
 
+def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spread():
+    """Per seed, the min and max of its paired gap over the evaluations from 75% of the run
+    on (earlier ones left out), the mean of those ranges, and the sd of the final gaps; a
+    variant with one paired seed has no row."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
+    late = {0: (0.010, 0.012), 1: (0.040, 0.039), 2: (0.020, 0.025)}  # gaps at steps 75, 100
+
+    def with_curve(variant, seed, vals):
+        r = _fake_result(spec, variant, seed, vals[-1])
+        r["val_curve"] = [[t, t * 32768, v] for t, v in zip((25, 50, 75, 100), vals)]
+        return r
+
+    variants = {"bf16": {s: with_curve("bf16", s, [3.0, 2.5, 2.2, 2.0]) for s in SEEDS},
+                "paper": {s: with_curve("paper", s, [3.3, 3.0, 2.2 * (1 + late[s][0]),
+                                                     2.0 * (1 + late[s][1])]) for s in SEEDS},
+                "no_sr": {0: with_curve("no_sr", 0, [3.0, 2.5, 2.2, 2.1])}}
+    table = study_report.gap_spread_sources(variants)
+    head, _, row, *rest = table.splitlines()
+    assert "from 75% of the run on" in head and not rest
+    bands = ", ".join(f"s{s} {min(g) * 100:+.2f}% .. {max(g) * 100:+.2f}%" for s, g in late.items())
+    within = sum(max(g) - min(g) for g in late.values()) / 3
+    between = study_report.mean_interval([g[1] for g in late.values()]).sd
+    assert row == (f"| paper (n=3) | {bands} | {within * 100:.2f} pp | {between * 100:.2f} pp |")
+    assert study_report.gap_spread_sources({"bf16": variants["bf16"]}) == ""
+
+
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
     """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
     has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
