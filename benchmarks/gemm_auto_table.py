@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp4jax
+from pallas_kernels.gemm_data import views
 from pallas_kernels.timing import environment, nbytes, sets_to_defeat_l2, time_in_program
 
 TOKENS = (16, 128, 1024, 8192)
@@ -69,25 +70,12 @@ def _quantized_operands(layout, tokens, d_in, d_out, seed):
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def views(layout: str, lhs, rhs):
-    """``(lhs, rhs, lhs_from_mT)`` as ``fp4jax.matmul`` takes `operands`' stored arrays in
-    ``layout``: dgrad multiplies by ``W.mT``, wgrad by ``Xᵀ`` (``lhs_from_mT``)."""
-    if layout == "dgrad":
-        return lhs, rhs.mT, False
-    if layout == "wgrad":
-        return lhs.mT, rhs, True
-    return lhs, rhs, False
-
-
 def gemm_of(layout: str, impl: str):
-    """The jitted GEMM of ``layout`` on `operands`, with the transposed views taken inside
-    the program as in the training step: there XLA folds them into the kernel's own
-    transpose back to the stored layout (a transposed copy made outside and then timed
-    would count a transpose the step does not run)."""
+    """The jitted GEMM of ``layout`` on `operands`, with the transposed views
+    (`gemm_data.views`) taken inside the program, as in the training step."""
     def f(lhs, rhs):
-        a, b, from_mt = views(layout, lhs, rhs)
-        return fp4jax.matmul(a, b, preferred_element_type=jnp.bfloat16, impl=impl,
-                             lhs_from_mT=from_mt)
+        a, b, kw = views(layout, lhs, rhs)
+        return fp4jax.matmul(a, b, preferred_element_type=jnp.bfloat16, impl=impl, **kw)
     return jax.jit(f)
 
 

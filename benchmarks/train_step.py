@@ -51,7 +51,7 @@ from fp4jax import implementation  # noqa: E402
 from fp4jax.flax.nnx import matmul_layers  # noqa: E402
 from fp4jax.reference import gemm as gemm_lib  # noqa: E402
 from fp4jax.reference import quantization  # noqa: E402
-from pallas_kernels import gemm, gemm_config, timing  # noqa: E402
+from pallas_kernels import gemm, gemm_config, gemm_data, timing  # noqa: E402
 
 TOKENS = ("corpus", "random")
 
@@ -104,8 +104,8 @@ def auto_gemm_backends(trainer: tl.Trainer, tokens: int) -> list[dict]:
 
         def abstract(layout=layout, d_in=d_in, d_out=d_out, meta=meta):
             lhs, rhs, mnk = gemm_auto_table.operands(layout, tokens, d_in, d_out, 0)
-            lhs, rhs, from_mt = gemm_auto_table.views(layout, lhs, rhs)
-            meta.append((from_mt, mnk))
+            lhs, rhs, kw = gemm_data.views(layout, lhs, rhs)
+            meta.append((kw.get("lhs_from_mT", False), mnk))
             return lhs, rhs
 
         lhs, rhs = jax.eval_shape(abstract)

@@ -1,7 +1,8 @@
 """Operands of the GEMM kernels' benchmarks and tests: the training layouts
-(`layout_operands`), and data whose GEMM sums are exact in float32 (`exact_sum_data`), so a
-kernel must match the reference bit for bit whatever its summation order
-(`pallas_kernels.gemm` ``--mainloops``, `pallas_kernels.gemm_skinny_bench`, the tests).
+(`layout_operands`, and `views`, how each multiplies its stored operands), and data whose
+GEMM sums are exact in float32 (`exact_sum_data`), so a kernel must match the reference bit
+for bit whatever its summation order (`pallas_kernels.gemm` ``--mainloops``,
+`pallas_kernels.gemm_skinny_bench`, the tests).
 
 Example:
   >>> from pallas_kernels import gemm_data
@@ -35,11 +36,35 @@ def exact_sum_data(shape: tuple[int, int], seed: int) -> jax.Array:
     return x * jnp.exp2(t.astype(jnp.float32)).repeat(16, 0)[:shape[0]].repeat(16, 1)
 
 
+def views(layout: str, lhs, rhs):
+    """``(lhs, rhs, kwargs)`` as ``fp4jax.matmul`` multiplies the *stored* operands of a
+    training GEMM: dgrad takes ``W.mT``, wgrad ``X.mT`` with ``lhs_from_mT`` (``wgrad_plain``:
+    without the flag), fprop both as stored. A timed program should take these views
+    inside itself, as the training step does: there XLA folds them into the kernel's
+    transpose back to the stored layout, while a view materialized outside is a
+    transposed copy the kernel transposes again.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> a, b, kw = views("wgrad", jnp.zeros((48, 32)), jnp.zeros((48, 64)))
+      >>> a.shape, b.shape, kw
+      ((32, 48), (48, 64), {'lhs_from_mT': True})
+    """
+    if layout == "fprop":
+        return lhs, rhs, {}
+    if layout == "dgrad":
+        return lhs, rhs.mT, {}
+    if layout in ("wgrad", "wgrad_plain"):
+        return lhs.mT, rhs, {"lhs_from_mT": True} if layout == "wgrad" else {}
+    raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")
+
+
 def layout_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *, seed: int = 0,
                     data: Callable = exact_sum_data):
     """``(lhs, rhs, kwargs)`` of the ``layout`` GEMM with output ``(m, n)`` and contraction
     ``k``, from ``data(shape, seed)`` quantized by ``quantize`` (`fp4jax.quantize`'s
-    signature; this module imports no quantizer, being below the reference in the layers):
+    signature; this module imports no quantizer, being below the reference in the layers),
+    with `views` taken:
 
     * ``fprop``: ``X @ W``, X ``(m, k)`` blocked along K, W ``(k, n)`` in 16×16 tiles;
     * ``dgrad``: ``dY @ W.mT``, W stored ``(n, k)`` in 16×16 tiles;
@@ -53,13 +78,13 @@ def layout_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *, 
       ((32, 48), (48, 64), {'lhs_from_mT': True})
     """
     if layout == "fprop":
-        return (quantize(data((m, k), seed)),
-                quantize(data((k, n), seed + 1), axis=0, block_2d=True), {})
-    if layout == "dgrad":
-        return (quantize(data((m, k), seed)),
-                quantize(data((n, k), seed + 1), axis=0, block_2d=True).mT, {})
-    if layout in ("wgrad", "wgrad_plain"):
-        kw = {"lhs_from_mT": True} if layout == "wgrad" else {}
-        return (quantize(data((k, m), seed), axis=0).mT,
-                quantize(data((k, n), seed + 1), axis=0), kw)
-    raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")
+        stored = (quantize(data((m, k), seed)),
+                  quantize(data((k, n), seed + 1), axis=0, block_2d=True))
+    elif layout == "dgrad":
+        stored = (quantize(data((m, k), seed)),
+                  quantize(data((n, k), seed + 1), axis=0, block_2d=True))
+    elif layout in ("wgrad", "wgrad_plain"):
+        stored = (quantize(data((k, m), seed), axis=0), quantize(data((k, n), seed + 1), axis=0))
+    else:
+        raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")
+    return views(layout, *stored)

@@ -32,7 +32,7 @@ import numpy as np
 
 from pallas_kernels import gemm, gemm_skinny, timing
 from pallas_kernels.gemm_config import SkinnyConfig, default_config
-from pallas_kernels.gemm_data import layout_operands
+from pallas_kernels.gemm_data import layout_operands, views
 
 _CALLS = 16  # per program; the slope of _CALLS and 2 * _CALLS calls is the time per call
 TIMER = (f"timer: pallas_kernels.timing.time_in_program (per call, inside one program: "
@@ -105,10 +105,8 @@ def _row(layout, m, nk, x16, w16, qx, qw, bw, interpret) -> dict:
     bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b.T if dgrad else b,
                                             preferred_element_type=jnp.bfloat16))
 
-    def as_in_step(f):
-        # dgrad's W.mT taken inside the timed program, as the training step does (there
-        # XLA folds it into the kernel's transpose back to the stored layout).
-        return jax.jit(lambda x, w: f(x, w.mT if dgrad else w))
+    def as_in_step(f):  # the layout's view of the stored weight taken inside the program
+        return jax.jit(lambda x, w: f(*views(layout, x, w)[:2]))
 
     xla = as_in_step(functools.partial(gemm.reference, preferred_element_type=jnp.bfloat16))
     ours = functools.partial(gemm.matmul, preferred_element_type=jnp.bfloat16,
@@ -123,7 +121,7 @@ def _row(layout, m, nk, x16, w16, qx, qw, bw, interpret) -> dict:
     _measure(row, "old_ms", _ms, old, ops, q)
     if isinstance(cfg, SkinnyConfig):
         _measure(row, "new_ms", _ms, as_in_step(ours), ops, q)
-        kernel, args_list = _kernel_only([(x, w.mT if dgrad else w) for x, w in ops], cfg,
+        kernel, args_list = _kernel_only([views(layout, x, w)[:2] for x, w in ops], cfg,
                                          interpret)
         _measure(row, "kernel_ms", _ms, kernel, args_list, q)
         _measure(row, "rel_err", _rel_err, as_in_step(ours), xla, ops[0])
