@@ -120,21 +120,17 @@ def _row_engine(tile, codes_ref, scales_ref, g0, b0, sp, keys, out: tp.OutputSpe
         else:
             scales_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = code.astype(jnp.uint8)
     enc = plgpu.layout_cast(lax.broadcast_in_dim(enc, shape, (0, 1, 2)), layout)
+    # With ``values`` the signed E2M1 values, else the codes (as in `_col_engine`).
     if out.stochastic:
         ue, uo = _row_sr_bytes(sr, keys, g0, b0, out, shape, layout)
-    if out.values:  # the input's word layout: (groups, rows, blocks, 8) uint32 pairs
-        if out.stochastic:
-            ve, vo = bits.value_stochastic(xe, enc, ue), bits.value_stochastic(xo, enc, uo)
-        else:
-            ve, vo = bits.value_nearest(xe, enc), bits.value_nearest(xo, enc)
-        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = bits.values_pair(ve, vo, dec)
-        return acc
-    if out.stochastic:
-        ne = bits.nibble_stochastic(xe, enc, ue)
-        no = bits.nibble_stochastic(xo, enc, uo)
+        rnd = bits.value_stochastic if out.values else bits.nibble_stochastic
+        ne, no = rnd(xe, enc, ue), rnd(xo, enc, uo)
     else:
-        ne = bits.nibble_nearest(xe, enc)
-        no = bits.nibble_nearest(xo, enc)
+        rnd = bits.value_nearest if out.values else bits.nibble_nearest
+        ne, no = rnd(xe, enc), rnd(xo, enc)
+    if out.values:  # the input's word layout: (groups, rows, blocks, 8) uint32 pairs
+        codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = bits.values_pair(ne, no, dec)
+        return acc
     byte = ne | (no << 4)
     codes_ref.at[pl.ds(g0, bg), :, pl.ds(b0, bnb)][...] = byte.astype(jnp.uint8)
     return acc
