@@ -45,7 +45,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu.fragmented_array import Replicated, TiledLayout
 
 from fp4jax.numerics.constants import BLOCK
-from pallas_kernels.gemm_skinny_layouts import thread_view
+from pallas_kernels.gemm_skinny_layouts import registers_of, thread_view
 from pallas_kernels.wgmma_regs import tiled_layout
 
 WG_M = 64
@@ -223,10 +223,6 @@ def cols_out_layout() -> TiledLayout:
     return tiled_layout(((64, 8), (16, 8), (2, 8), (1, 2)), (-8,), (-6, -3), -1)
 
 
-def _inverse(view):
-    return {idx: key for key, idx in view.items()}
-
-
 def a_plan(a: AOperand, warp: int = 0, lane: int = 0) -> dict:
     """``{A register: (code register, word, prmt selector, (scale register, position))}``
     for one thread: the A register holds the codes of lhs row ``a.row(rho)`` at
@@ -234,8 +230,8 @@ def a_plan(a: AOperand, warp: int = 0, lane: int = 0) -> dict:
     loaded register, times one scale. The kernel uses thread 0's plan for every thread
     (the tests check that they agree)."""
     view = thread_view(mgpu.WGMMA_LAYOUT, (WG_M, TILE_K), warp, lane)
-    codes = _inverse(thread_view(a.codes, a.codes_shape, warp, lane))
-    scales = _inverse(thread_view(a.scales, a.scales_shape, warp, lane))
+    codes = registers_of(a.codes, a.codes_shape, warp, lane)
+    scales = registers_of(a.scales, a.scales_shape, warp, lane)
     plan = {}
     for (reg, v), (rho, kappa) in view.items():
         if v:
@@ -262,8 +258,8 @@ def b_plan(b: BOperand, warp: int = 0, lane: int = 0) -> dict:
     loaded register. With ``b.thread_nibble`` both nibbles are the lane's parity and the
     kernel takes the bytes from that plane."""
     stored = thread_view(b.stored, b.stored_shape, warp, lane)
-    codes = _inverse(thread_view(b.codes, b.codes_shape, warp, lane))
-    scales = _inverse(thread_view(b.scales, b.scales_shape, warp, lane))
+    codes = registers_of(b.codes, b.codes_shape, warp, lane)
+    scales = registers_of(b.scales, b.scales_shape, warp, lane)
     plan: dict = {}
     for reg, pos in sorted(stored):
         if pos % 2:
@@ -287,7 +283,7 @@ def epilogue_plan(a: AOperand, en: int, warp: int = 0, lane: int = 0) -> dict:
     of an `A_COLS` GEMM: output row ``m`` is accumulator row ``row⁻¹(m)`` (a renaming
     within each thread; both vector positions come from the same register)."""
     inv_row = {a.row(r): r for r in range(WG_M)}
-    acc = _inverse(thread_view(mgpu.WGMMA_LAYOUT, (WG_M, en), warp, lane))
+    acc = registers_of(mgpu.WGMMA_LAYOUT, (WG_M, en), warp, lane)
     out = thread_view(cols_out_layout(), (WG_M, en), warp, lane)
     plan: dict = {}
     for (reg, pos), (m, n) in out.items():

@@ -176,8 +176,11 @@ def thread_view(layout: TiledLayout, shape: tuple[int, ...], warp: int, lane: in
     return out
 
 
-def _inverse(view):
-    return {idx: key for key, idx in view.items()}
+def registers_of(layout: TiledLayout, shape: tuple[int, ...], warp: int, lane: int
+                 ) -> dict[tuple[int, ...], tuple[tuple[int, ...], int]]:
+    """``{logical index: (register index, vector position)}`` of one thread: `thread_view`
+    inverted."""
+    return {idx: key for key, idx in thread_view(layout, shape, warp, lane).items()}
 
 
 def decode_plan(variant: Variant, tile_k: int, warp: int = 0, lane: int = 0) -> dict:
@@ -191,8 +194,8 @@ def decode_plan(variant: Variant, tile_k: int, warp: int = 0, lane: int = 0) -> 
     uses thread 0's plan; the renaming must be the same in every thread (tested).
     """
     a = thread_view(mgpu.WGMMA_LAYOUT, (WG_ROWS, tile_k), warp, lane)
-    codes = _inverse(thread_view(variant.codes, variant.codes_shape(tile_k), warp, lane))
-    scales = _inverse(thread_view(variant.scales, variant.scales_shape(tile_k), warp, lane))
+    codes = registers_of(variant.codes, variant.codes_shape(tile_k), warp, lane)
+    scales = registers_of(variant.scales, variant.scales_shape(tile_k), warp, lane)
     plan = {}
     for (reg, v), (rho, kappa) in a.items():
         if v:
@@ -218,7 +221,7 @@ def store_plan(variant: Variant, m: int, warp: int = 0, lane: int = 0) -> dict:
     """``{output register: [(accumulator register, vector position)] per element}`` for
     one thread: output ``(mm, n)`` is accumulator element ``(row⁻¹(n), mm)``."""
     inv_row = {variant.row(r): r for r in range(WG_ROWS)}
-    acc = _inverse(thread_view(mgpu.WGMMA_LAYOUT, (WG_ROWS, m), warp, lane))
+    acc = registers_of(mgpu.WGMMA_LAYOUT, (WG_ROWS, m), warp, lane)
     out = thread_view(variant.out, (m, WG_ROWS), warp, lane)
     plan: dict = {}
     for (reg, _pos), (mm, n) in sorted(out.items()):  # vector positions in order
