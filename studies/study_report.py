@@ -158,6 +158,24 @@ def _val_at(r: dict[str, Any]) -> dict[int, float]:
             if row[2] is not None and math.isfinite(row[2])}
 
 
+def _paired_gap_curves(variants: dict[str, dict[int, dict]]
+                       ) -> dict[str, dict[int, dict[int, float]]]:
+    """``{variant: {seed: {step: val / val_bf16 - 1}}}`` at the evaluation steps both runs
+    recorded, for each seed paired with a finite BF16 run of the same seed."""
+    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
+    out = {}
+    for v, runs in variants.items():
+        if v == BASELINE:
+            continue
+        out[v] = {}
+        for s, r in runs.items():
+            if s in base and _finite_val(r):
+                curve = _val_at(r)
+                out[v][s] = {t: curve[t] / base[s][t] - 1.0
+                             for t in sorted(set(curve) & set(base[s]))}
+    return out
+
+
 def gap_along_training(variants: dict[str, dict[int, dict]],
                        fractions: Sequence[float] = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0)) -> str:
     """The paired gap's mean and seed-to-seed sd at several points of the runs, and the
@@ -167,15 +185,11 @@ def gap_along_training(variants: dict[str, dict[int, dict]],
     The columns are the evaluation steps nearest to ``fractions`` of the run that every
     paired seed of the variant and of BF16 recorded.
     """
-    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
     rows, steps_used = [], None
-    for v, runs in variants.items():
-        if v == BASELINE:
-            continue
-        curves = {s: _val_at(r) for s, r in runs.items() if s in base and _finite_val(r)}
+    for v, curves in _paired_gap_curves(variants).items():
         if len(curves) < 2:
             continue
-        common = sorted(set.intersection(*(set(c) & set(base[s]) for s, c in curves.items())))
+        common = sorted(set.intersection(*(set(g) for g in curves.values())))
         if not common:
             continue
         last = common[-1]
@@ -185,7 +199,7 @@ def gap_along_training(variants: dict[str, dict[int, dict]],
             continue  # a variant evaluated at other steps: not comparable in one table
         cells, sd = [], 0.0
         for t in picks:
-            iv = mean_interval([curves[s][t] / base[s][t] - 1.0 for s in curves])
+            iv = mean_interval([g[t] for g in curves.values()])
             sd = iv.sd or 0.0
             cells.append(f"{_pct(iv.mean)} ± {sd * 100:.2f}")
         need = seeds_for_half_width(sd, WIDE_PP / 100)
@@ -208,21 +222,13 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
     spread is between training trajectories, not evaluation noise: more validation data
     would not narrow the interval, only more seeds or a less noisy training setup.
     """
-    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
     rows = []
-    for v, runs in variants.items():
-        if v == BASELINE:
-            continue
+    for v, curves in _paired_gap_curves(variants).items():
         gaps = {}
-        for s, r in sorted(runs.items()):
-            if s not in base or not _finite_val(r):
-                continue
-            curve = _val_at(r)
-            steps = sorted(set(curve) & set(base[s]))
-            if not steps:
-                continue
-            late = [t for t in steps if t >= from_fraction * steps[-1]]
-            gaps[s] = [curve[t] / base[s][t] - 1.0 for t in late]
+        for s, g in sorted(curves.items()):
+            if g:
+                last = max(g)
+                gaps[s] = [gap for t, gap in g.items() if t >= from_fraction * last]
         if len(gaps) < 2:
             continue
         bands = ", ".join(f"s{s} {_pct(min(g))} .. {_pct(max(g))}" for s, g in gaps.items())
