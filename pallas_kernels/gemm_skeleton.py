@@ -3,7 +3,8 @@
 Every GEMM kernel (`gemm_kernel`'s serial mainloop, `gemm_pipelined`, `gemm_skinny`) is
 one CTA of 2 consumer warpgroups + 1 TMA producer warpgroup (thread axis ``"wg"``),
 persistent over its output tiles (grid axis ``"sm"``, `launch`), pipelining K through
-`plgpu.emit_pipeline_warp_specialized` (`k_pipeline`, `pipeline_scope`). The two
+shared memory with TMA (`role_pipeline`: each role sets its registers once and runs its
+own tile loop, so the producer loads the next tile while the consumers store). The two
 mainloops of the general kernel share more: `persistent_gemm` is their kernel body (the
 TMA operand specs, the tile loop, the accumulator, the epilogue) around a `Mainloop`,
 and `call_gemm` their launch (output, epilogue buffers, grid); a mainloop file keeps
@@ -87,36 +88,125 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
     return kernel(*operands)
 
 
-def k_pipeline(body: Callable[..., Any], compute_context: Callable[..., Any], *,
-               in_specs: Sequence[plgpu.BlockSpec], k_steps: int,
-               max_concurrent_steps: int) -> Any:
-    """The K pipeline of one output tile: the producer warpgroup streams ``in_specs``'
-    blocks with TMA, the 2 consumer warpgroups run ``body`` per K step inside
-    ``compute_context`` (`plgpu.emit_pipeline_warp_specialized`)."""
-    return plgpu.emit_pipeline_warp_specialized(
-        body,
-        grid=(k_steps,),
-        memory_registers=40,
-        in_specs=in_specs,
-        wg_axis="wg",
-        num_compute_wgs=2,
-        max_concurrent_steps=max_concurrent_steps,
-        compute_context=compute_context,
-    )
+MEMORY_REGISTERS = 40
+"""Registers per thread of the TMA producer warpgroup (``setmaxnreg``); the two consumer
+warpgroups get the rest of the 64K register file: (512 − 40) / 2 → 232 per thread."""
+CONSUMER_REGISTERS = (512 - MEMORY_REGISTERS) // 2 // 8 * 8
+NUM_CONSUMERS = 2
+
+RunK = Callable[[Callable[..., Any], Any], None]
+"""``run_k(mma_body, acc_ref)``: one output tile's K loop in a consumer warpgroup; per K
+step it waits for the stage's TMA loads, calls ``mma_body((k,), *stage_refs, acc_ref)``
+and releases the stage to the producer."""
 
 
-def pipeline_scope(get_pipeline: Callable[..., Any], *gmem: Any) -> Callable[..., Any]:
-    """Decorator running ``f(allocs)`` once, in a scope (shared by the warpgroups) holding
-    the buffers of ``get_pipeline(body, compute_context)`` over GMEM refs shaped like
-    ``gmem``; every output tile's pipeline then takes ``allocations=allocs``."""
-    def ignore(*_, **__):
-        return None
+def _block(spec: plgpu.BlockSpec, k: jax.Array) -> tuple[Any, ...]:
+    """The slices of K step ``k``'s block of a tile ref (``spec.index_map(k)`` blocks)."""
+    return tuple(pl.ds(i * b, b) for i, b in zip(spec.index_map(k), spec.block_shape))
 
-    return functools.partial(
-        pl.run_scoped,
-        allocs=get_pipeline(ignore, ignore).get_allocations(*gmem),
-        collective_axes="wg",
-    )
+
+def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
+                  stages: int, k_steps: int, num_tiles: int,
+                  tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
+                  consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]]
+                  ) -> None:
+    """The warp-specialized, persistent K pipeline of every GEMM kernel here.
+
+    The producer warpgroup (``wg == NUM_CONSUMERS``) and the consumer warpgroups each
+    set their register budget once (``setmaxnreg``) and then run their own loop over
+    this CTA's output tiles (`plgpu.nd_loop` over ``num_tiles``, axis ``"sm"``): the
+    producer streams every tile's ``k_steps`` blocks of ``in_specs`` through ``stages``
+    shared-memory slots with TMA, and moves on to the next tile's blocks while the
+    consumers still finish the last one (their epilogue overlaps its loads). The
+    consumers run ``consumer(wg)(info, run_k)`` per tile.
+
+    Why not ``plgpu.emit_pipeline_warp_specialized`` per tile: it sets the register
+    budgets inside the tile loop, where the two roles' paths merge again, and ptxas then
+    serializes a ``wgmma`` whose A operand is in registers ("(C7512) wgmma.mma_async
+    instructions are serialized due to insufficient register resources"): each
+    ``wgmma`` waits for the one before, and no decode overlaps the tensor cores. With the
+    budgets set once and the roles' loops apart, the same mainloop assembles with its
+    ``wgmma.wait_group 1`` intact (tested on the PTX of the 8192³ fprop kernel).
+
+    Stage ``s`` of the CTA's flat step sequence (tiles × K steps) uses slot
+    ``s % stages``: its TMA loads arrive on ``full[slot]`` (one arrival per operand, with
+    their bytes), and both consumers arrive on ``empty[slot]`` once their ``mma_body``
+    returned, which must therefore have finished reading the stage's buffers (its own
+    ``wgmma`` waits, or ``wgmma`` operands decoded elsewhere). The producer waits for
+    ``empty`` before it reuses a slot. Phases follow from every thread waiting on each of
+    its barriers once per use, in order.
+
+    Args:
+      in_specs: per operand, the block of one K step (``index_map(k)``) and its SMEM
+        transforms.
+      dtypes: the operands' dtypes.
+      stages: shared-memory slots (K steps in flight); at most ``k_steps``.
+      k_steps: K steps per output tile.
+      num_tiles: output tiles of the launch (shared out over the CTAs).
+      tile_operands: the GMEM refs of one tile's operands (``k_steps`` blocks each).
+      consumer: ``consumer(wg)`` runs once per consumer warpgroup before its tile loop
+        and returns the per-tile function.
+    """
+    # A configuration's SMEM budget counts at most one tile's K steps in flight.
+    stages = min(stages, k_steps)
+    smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
+            for spec, dtype in zip(in_specs, dtypes)]
+
+    def scope(*bufs, full, empty):
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg == NUM_CONSUMERS)
+        def _producer():
+            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+
+            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+            def _tile(info: plgpu.NDLoopInfo):
+                tiles = tile_operands(info)
+
+                @pl.loop(0, k_steps)
+                def _k(k):
+                    step = info.local_index * k_steps + k
+                    slot = lax.rem(step, stages)
+
+                    @pl.when(step >= stages)
+                    def _():
+                        plgpu.barrier_wait(empty.at[slot])
+
+                    for spec, tile_ref, buf in zip(in_specs, tiles, bufs):
+                        plgpu.copy_gmem_to_smem(tile_ref.at[_block(spec, k)], buf.at[slot],
+                                                full.at[slot])
+
+                # After the last tile, observe the releases not yet waited for, so that no
+                # barrier is left with a phase its waiter never saw.
+                @pl.when(info.local_index == info.num_local_steps - 1)
+                def _drain():
+                    total = info.num_local_steps * k_steps
+
+                    @pl.loop(jnp.maximum(total - stages, 0), total)
+                    def _(step):
+                        plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
+
+        @pl.when(wg < NUM_CONSUMERS)
+        def _consumers():
+            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            per_tile = consumer(wg)
+
+            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+            def _tile(info: plgpu.NDLoopInfo):
+                def run_k(mma_body, acc_ref):
+                    @pl.loop(0, k_steps)
+                    def _k(k):
+                        slot = lax.rem(info.local_index * k_steps + k, stages)
+                        plgpu.barrier_wait(full.at[slot])
+                        mma_body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
+                        plgpu.barrier_arrive(empty.at[slot])
+
+                per_tile(info, run_k)
+
+    pl.run_scoped(scope, *smem,
+                  full=plgpu.Barrier(num_arrivals=len(in_specs), num_barriers=stages),
+                  empty=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+                  collective_axes="wg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,73 +276,67 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
         plgpu.BlockSpec((tk // BLOCK, cta_tn // BLOCK if p.rhs_cols else cta_tn),
                         lambda k: (k, 0)),
     ]
-    get_pipeline = functools.partial(
-        k_pipeline, in_specs=in_specs, k_steps=k_per_split // tk,
-        max_concurrent_steps=cfg.max_concurrent_steps)
 
-    @pipeline_scope(get_pipeline, lhs_gmem.at[0], lhs_scales_gmem.at[0], rhs_gmem.at[0],
-                    rhs_scales_gmem.at[0])
-    def _scope(allocs):
-        wg = lax.axis_index("wg")
+    def tile_slices(info: plgpu.NDLoopInfo):
+        (lin,) = info.index
+        bk, mn = lin // (m_iters * n_iters), lin % (m_iters * n_iters)
+        b, ks = bk // cfg.k_splits, bk % cfg.k_splits
+        m_idx, n_idx = plgpu.planar_snake(
+            mn, (m_iters, n_iters), cfg.grid_minor_dim, cfg.grid_tile_width
+        )
+        return b, ks, m_idx, n_idx
+
+    def tile_operands(info: plgpu.NDLoopInfo):
+        b, ks, m_idx, n_idx = tile_slices(info)
+        m_sl = pl.ds(m_idx * cta_tm, cta_tm)
+        n_sl = pl.ds(n_idx * cta_tn, cta_tn)
+        k_sl = pl.ds(ks * k_per_split, k_per_split)
+        kp_sl = pl.ds(ks * (k_per_split // 2), k_per_split // 2)
+        ks_sl = pl.ds(ks * (k_per_split // BLOCK), k_per_split // BLOCK)
+        lhs_tile = lhs_gmem.at[b]
+        lhs_tile = lhs_tile.at[kp_sl, m_sl] if p.lhs_cols else lhs_tile.at[m_sl, kp_sl]
+        rhs_tile = rhs_gmem.at[b]
+        rhs_tile = (
+            rhs_tile.at[pl.ds(n_idx * (cta_tn // 2), cta_tn // 2), k_sl]
+            if p.rhs_cols else rhs_tile.at[kp_sl, n_sl]
+        )
+        rhs_s_tile = rhs_scales_gmem.at[b]
+        if not p.rhs_cols:
+            rhs_s_tile = rhs_s_tile.at[ks_sl, n_sl]
+        elif rhs_scales_nk:
+            rhs_s_tile = rhs_s_tile.at[pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK), k_sl]
+        else:
+            rhs_s_tile = rhs_s_tile.at[ks_sl, pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK)]
+        return lhs_tile, lhs_scales_gmem.at[b].at[ks_sl, m_sl], rhs_tile, rhs_s_tile
+
+    def consumer(wg):
         tile = mainloop(wg)
 
-        @plgpu.nd_loop(
-            (p.batch * cfg.k_splits * m_iters * n_iters,), collective_axes="sm"
-        )
-        def _tile_loop(info: plgpu.NDLoopInfo):
-            (lin,) = info.index
-            bk, mn = lin // (m_iters * n_iters), lin % (m_iters * n_iters)
-            b, ks = bk // cfg.k_splits, bk % cfg.k_splits
-            m_idx, n_idx = plgpu.planar_snake(
-                mn, (m_iters, n_iters), cfg.grid_minor_dim, cfg.grid_tile_width
-            )
-            m_sl = pl.ds(m_idx * cta_tm, cta_tm)
-            n_sl = pl.ds(n_idx * cta_tn, cta_tn)
-            k_sl = pl.ds(ks * k_per_split, k_per_split)
-            kp_sl = pl.ds(ks * (k_per_split // 2), k_per_split // 2)
-            ks_sl = pl.ds(ks * (k_per_split // BLOCK), k_per_split // BLOCK)
+        def per_tile(info: plgpu.NDLoopInfo, run_k: RunK):
+            b, ks, m_idx, n_idx = tile_slices(info)
             work = tile(info)
 
-            def compute_context(eval_pipeline):
-                acc_type = plgpu.ACC((cfg.tile_m, cfg.tile_n), jnp.float32)
+            @functools.partial(pl.run_scoped,
+                               acc_ref=plgpu.ACC((cfg.tile_m, cfg.tile_n), jnp.float32))
+            def _acc_scope(acc_ref):
+                run_k(work.mma_body, acc_ref)
+                # Waits for the last wgmma; exact: undoes the 2**-8 per operand.
+                acc = acc_ref[...] * dec.ACC_UNSCALE
+                if split_out:
+                    out_tile = out_gmem.at[ks, b]
+                else:
+                    acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
+                    out_tile = out_gmem.at[b]
+                out_tile = out_tile.at[pl.ds(m_idx * cta_tm, cta_tm), pl.ds(n_idx * cta_tn, cta_tn)]
+                store_epilogue(acc, out_smem.at[wg], out_tile.at[work.out_window], cfg,
+                               work.store)
+        return per_tile
 
-                @functools.partial(pl.run_scoped, acc_ref=acc_type)
-                def _acc_scope(acc_ref):
-                    eval_pipeline(acc_ref)
-                    # Waits for the last wgmma; exact: undoes the 2**-8 per operand.
-                    acc = acc_ref[...] * dec.ACC_UNSCALE
-                    if split_out:
-                        out_tile = out_gmem.at[ks, b]
-                    else:
-                        acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
-                        out_tile = out_gmem.at[b]
-                    out_tile = out_tile.at[m_sl, n_sl].at[work.out_window]
-                    store_epilogue(acc, out_smem.at[wg], out_tile, cfg, work.store)
-
-            lhs_tile = lhs_gmem.at[b]
-            lhs_tile = lhs_tile.at[kp_sl, m_sl] if p.lhs_cols else lhs_tile.at[m_sl, kp_sl]
-            rhs_tile = rhs_gmem.at[b]
-            rhs_tile = (
-                rhs_tile.at[pl.ds(n_idx * (cta_tn // 2), cta_tn // 2), k_sl]
-                if p.rhs_cols else rhs_tile.at[kp_sl, n_sl]
-            )
-            rhs_s_tile = rhs_scales_gmem.at[b]
-            if not p.rhs_cols:
-                rhs_s_tile = rhs_s_tile.at[ks_sl, n_sl]
-            elif rhs_scales_nk:
-                rhs_s_tile = rhs_s_tile.at[
-                    pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK), k_sl]
-            else:
-                rhs_s_tile = rhs_s_tile.at[
-                    ks_sl, pl.ds(n_idx * (cta_tn // BLOCK), cta_tn // BLOCK)]
-            get_pipeline(work.mma_body, compute_context)(
-                lhs_tile,
-                lhs_scales_gmem.at[b].at[ks_sl, m_sl],
-                rhs_tile,
-                rhs_s_tile,
-                allocations=allocs,
-            )
-
+    role_pipeline(in_specs, [g.dtype for g in (lhs_gmem, lhs_scales_gmem, rhs_gmem,
+                                               rhs_scales_gmem)],
+                  stages=cfg.max_concurrent_steps, k_steps=k_per_split // tk,
+                  num_tiles=p.batch * cfg.k_splits * m_iters * n_iters,
+                  tile_operands=tile_operands, consumer=consumer)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 

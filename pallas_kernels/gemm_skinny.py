@@ -8,8 +8,8 @@ the 16×16-tiled weight as stored, ``(K/2, N)``, in both of its GEMMs: fprop ``X
 (``W' = Wᵀ``) and dgrad ``dY @ W.mT`` (``W' = W``); `gemm_skinny_layouts` has the
 register layouts of each.
 
-* Each CTA (2 consumer warpgroups + 1 TMA producer, `plgpu.emit_pipeline_warp_specialized`;
-  the launch and K pipeline are `gemm_skeleton`'s) owns 256 output columns
+* Each CTA (2 consumer warpgroups + 1 TMA producer; the launch and K pipeline are
+  `gemm_skeleton`'s) owns 256 output columns
   (`gemm_skinny_layouts.WG_ROWS` per warpgroup) and one of ``k_splits`` K ranges; the
   grid is ``N/256 · k_splits`` CTAs, persistent.
 * A pipeline stage holds ``tile_k`` contraction elements of the weight's packed codes
@@ -109,62 +109,64 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
     n_iters = p.n // SKINNY_CTA_N
     kps = p.k // cfg.k_splits  # contraction per split
     in_specs = _in_specs(p, tk)
-    get_pipeline = functools.partial(sk.k_pipeline, in_specs=in_specs, k_steps=kps // tk,
-                                     max_concurrent_steps=cfg.max_concurrent_steps)
 
-    @sk.pipeline_scope(get_pipeline, w_gmem, ws_gmem, x_gmem)
-    def _scope(allocs):
-        wg = lax.axis_index("wg")
+    def tile_index(info: plgpu.NDLoopInfo):
+        (lin,) = info.index
+        return lin // n_iters, lin % n_iters  # K split, 256-column tile
+
+    def tile_operands(info: plgpu.NDLoopInfo):
+        ks, n_idx = tile_index(info)
+        n_sl = pl.ds(n_idx * SKINNY_CTA_N, SKINNY_CTA_N)
+        np_sl = pl.ds(n_idx * (SKINNY_CTA_N // 2), SKINNY_CTA_N // 2)
+        ns_sl = pl.ds(n_idx * (SKINNY_CTA_N // BLOCK), SKINNY_CTA_N // BLOCK)
+        k_sl = pl.ds(ks * kps, kps)
+        kp_sl = pl.ds(ks * (kps // 2), kps // 2)
+        ks_sl = pl.ds(ks * (kps // BLOCK), kps // BLOCK)
+        if fprop:
+            return w_gmem.at[kp_sl, n_sl], ws_gmem.at[ks_sl, ns_sl], x_gmem.at[:, k_sl]
+        return w_gmem.at[np_sl, k_sl], ws_gmem.at[ns_sl, ks_sl], x_gmem.at[:, k_sl]
+
+    def consumer(wg):
         wg_rows, wg_scales = pl.ds(wg * rows, rows), pl.ds(wg * (rows // BLOCK), rows // BLOCK)
 
-        @plgpu.nd_loop((cfg.k_splits * n_iters,), collective_axes="sm")
-        def _tile_loop(info: plgpu.NDLoopInfo):
-            (lin,) = info.index
-            ks, n_idx = lin // n_iters, lin % n_iters
-            n_sl = pl.ds(n_idx * SKINNY_CTA_N, SKINNY_CTA_N)
-            np_sl = pl.ds(n_idx * (SKINNY_CTA_N // 2), SKINNY_CTA_N // 2)
-            ns_sl = pl.ds(n_idx * (SKINNY_CTA_N // BLOCK), SKINNY_CTA_N // BLOCK)
-            k_sl = pl.ds(ks * kps, kps)
-            kp_sl = pl.ds(ks * (kps // 2), kps // 2)
-            ks_sl = pl.ds(ks * (kps // BLOCK), kps // BLOCK)
+        def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
+            # k_substeps parts: the tensor cores multiply one while the next decodes.
+            for h in range(cfg.k_substeps):
+                if fprop:
+                    codes = w_smem.at[pl.ds(h * tks // 2, tks // 2), wg_rows]
+                    scales = ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), wg_scales]
+                else:
+                    col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
+                    codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2), pl.ds(h * tks, tks)]
+                    scales = ws_smem.at[wg_scales, pl.ds(col, tks // BLOCK)]
+                a = sd.decode_tile(variant, codes, scales, interpret=interpret)
+                if interpret:  # interpret-mode wgmma takes SMEM operands only
+                    a_smem.at[wg][...] = a
+                    a = a_smem.at[wg]
+                plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
+            plgpu.wgmma_wait(0)  # the stage's x tile is wgmma's B: read before release
+            return acc_ref
 
-            def compute_context(eval_pipeline):
-                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((rows, p.m), jnp.float32))
-                def _acc_scope(acc_ref):
-                    eval_pipeline(acc_ref)
-                    acc = acc_ref[...] * sd.ACC_UNSCALE  # exact: undoes the weight's 2**-8
-                    if cfg.k_splits > 1:
-                        out_tile = out_gmem.at[ks]
-                    else:
-                        acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
-                        out_tile = out_gmem
-                    out_tile = out_tile.at[:, n_sl].at[:, wg_rows]
-                    sd.store_tile(variant, acc, out_tile, interpret=interpret)
+        def per_tile(info: plgpu.NDLoopInfo, run_k: sk.RunK):
+            ks, n_idx = tile_index(info)
 
-            def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
-                # k_substeps parts: the tensor cores multiply one while the next decodes.
-                for h in range(cfg.k_substeps):
-                    if fprop:
-                        codes = w_smem.at[pl.ds(h * tks // 2, tks // 2), wg_rows]
-                        scales = ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), wg_scales]
-                    else:
-                        col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
-                        codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2), pl.ds(h * tks, tks)]
-                        scales = ws_smem.at[wg_scales, pl.ds(col, tks // BLOCK)]
-                    a = sd.decode_tile(variant, codes, scales, interpret=interpret)
-                    if interpret:  # interpret-mode wgmma takes SMEM operands only
-                        a_smem.at[wg][...] = a
-                        a = a_smem.at[wg]
-                    plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
-                plgpu.wgmma_wait(0)
-                return acc_ref
+            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((rows, p.m), jnp.float32))
+            def _acc_scope(acc_ref):
+                run_k(mma_body, acc_ref)
+                acc = acc_ref[...] * sd.ACC_UNSCALE  # exact: undoes the weight's 2**-8
+                if cfg.k_splits > 1:
+                    out_tile = out_gmem.at[ks]
+                else:
+                    acc = (acc * out_scale_gmem[0]).astype(p.out_dtype)
+                    out_tile = out_gmem
+                out_tile = out_tile.at[:, pl.ds(n_idx * SKINNY_CTA_N, SKINNY_CTA_N)]
+                sd.store_tile(variant, acc, out_tile.at[:, wg_rows], interpret=interpret)
+        return per_tile
 
-            if fprop:
-                w_tile, s_tile = w_gmem.at[kp_sl, n_sl], ws_gmem.at[ks_sl, ns_sl]
-            else:
-                w_tile, s_tile = w_gmem.at[np_sl, k_sl], ws_gmem.at[ns_sl, ks_sl]
-            get_pipeline(mma_body, compute_context)(
-                w_tile, s_tile, x_gmem.at[:, k_sl], allocations=allocs)
+    sk.role_pipeline(in_specs, (w_gmem.dtype, ws_gmem.dtype, x_gmem.dtype),
+                     stages=cfg.max_concurrent_steps, k_steps=kps // tk,
+                     num_tiles=cfg.k_splits * n_iters, tile_operands=tile_operands,
+                     consumer=consumer)
 
 
 def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
