@@ -152,6 +152,9 @@ def main(argv=None) -> None:
                    help="measure only the shapes (of --tokens and --widths) where this "
                         "gemm_table.py picks the kernel: where auto picks XLA it cannot be "
                         "slower than XLA")
+    p.add_argument("--within", type=float, default=1.0,
+                   help="with --kernel-rows-of: also the rows where the kernel is at most this "
+                        "factor slower than XLA (after a kernel change)")
     p.add_argument("--layouts", default="fprop,dgrad,wgrad")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
@@ -168,7 +171,7 @@ def main(argv=None) -> None:
               for tokens in map(int, args.tokens.split(","))
               for d_in, d_out in (map(int, w.split("x")) for w in args.widths.split(","))]
     if args.kernel_rows_of:
-        picked = kernel_rows(args.kernel_rows_of)
+        picked = kernel_rows(args.kernel_rows_of, args.within)
         shapes = [shape for shape in shapes if shape in picked]
     for layout, tokens, d_in, d_out in shapes:
         r = measure(layout, tokens, d_in, d_out, args.iters)
@@ -194,6 +197,8 @@ def _write(args, env: dict, rows: list[dict]) -> None:
             command += f"\n--tokens {args.tokens} --keep-rows-of {args.keep_rows_of}"
             if args.kernel_rows_of:
                 command += f" --kernel-rows-of {args.kernel_rows_of}"
+                if args.within != 1.0:
+                    command += f" --within {args.within}"
             note = (f"\nThe rows this run did not measure are kept from the table of {old_date}"
                     f"\n(timer: {old_timer}).")
         with open(args.module, "w") as f:
@@ -207,12 +212,13 @@ def _table(module_path: str) -> dict:
     return scope
 
 
-def kernel_rows(module_path: str) -> set[tuple[str, int, int, int]]:
+def kernel_rows(module_path: str, within: float = 1.0) -> set[tuple[str, int, int, int]]:
     """(layout, tokens, d_in, d_out) of the rows where the table at ``module_path`` has the
-    kernel faster than the XLA path (those ``impl="auto"`` runs on the kernel)."""
+    kernel faster than the XLA path (those ``impl="auto"`` runs on the kernel), or with
+    ``within`` > 1 at most that factor slower (rows a faster kernel may flip)."""
     picked = set()
     for (layout, m, n, k), (xla, pallas) in _table(module_path)["MEASURED"].items():
-        if pallas is not None and (xla is None or pallas < xla):
+        if pallas is not None and (xla is None or pallas < within * xla):
             tokens, d_in, d_out = {"fprop": (m, k, n), "dgrad": (m, n, k),
                                    "wgrad": (k, m, n)}[layout]
             picked.add((layout, tokens, d_in, d_out))
