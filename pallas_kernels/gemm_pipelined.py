@@ -51,15 +51,17 @@ Why this shape (arithmetic per 64-wide substep of a 128×256 CTA tile, H200, one
   256×128 tile decodes the same pairs but needs 128 accumulator + 2·32 A registers per
   thread for the overlap (64×256 per warpgroup: 128 + 2·16).
 * Registers per consumer thread: 128 (accumulator) + 2×16 (A of two substeps) + decode
-  temporaries, under the 232 that ``memory_registers=40`` leaves.
+  temporaries, under the 232 that `gemm_skeleton.CONSUMER_REGISTERS` allows.
 * SMEM: 3 stages × 30 KB + 3 decoded buffers × 32 KB + the epilogue's 32 KB (two 64×64
   slices per warpgroup in BF16, one in float32) = 218 KB of the 227 KB.
 
 So the decode fits under the tensor-core time with margin on every pipe, provided it
-overlaps the MMA, which step 3 arranges. What is *not* verified on this host: the
-speed, ptxas's register allocation (a spill, or a wgmma it serializes, would show in
-the GPU timing and in ``MOSAIC_GPU_DUMP_PTXAS=1``'s report), and the bank-conflict
-patterns beyond Mosaic's own check at lowering.
+overlaps the MMA, which step 3 arranges; ptxas keeps that overlap only with the register
+budgets set once per role (`gemm_skeleton.role_pipeline`: under a per-tile
+``emit_pipeline_warp_specialized`` it serialized every ``wgmma``, C7512). Measured on an
+H200 (docs/BENCHMARKS.md, eighth session): 0.76–0.78× BF16 at 8192³, bound by the
+decode's instruction latency (655 instructions per consumer warp and 128-K stage, 498 of
+them the decode; tensor pipe ~53% busy), not by a pipe.
 
 Example:
   >>> import jax, jax.numpy as jnp
