@@ -196,7 +196,7 @@ def _write(args, env: dict, rows: list[dict]) -> None:
             rows = old + rows
             command += f"\n--tokens {args.tokens} --keep-rows-of {args.keep_rows_of}"
             if args.kernel_rows_of:
-                command += f" --kernel-rows-of {args.kernel_rows_of}"
+                command += f"\n--kernel-rows-of {args.kernel_rows_of}"
                 if args.within != 1.0:
                     command += f" --within {args.within}"
             note = (f"\nThe rows this run did not measure are kept from the table of {old_date}"
