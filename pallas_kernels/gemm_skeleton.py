@@ -126,7 +126,8 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     instructions are serialized due to insufficient register resources"): each
     ``wgmma`` waits for the one before, and no decode overlaps the tensor cores. With the
     budgets set once and the roles' loops apart, the same mainloop assembles with its
-    ``wgmma.wait_group 1`` intact (tested on the PTX of the 8192³ fprop kernel).
+    ``wgmma.wait_group 1`` intact (docs/BENCHMARKS.md, eighth session: the PTX variants
+    ptxas serializes or not, and the speed-up on the H200).
 
     Stage ``s`` of the CTA's flat step sequence (tiles × K steps) uses slot
     ``s % stages``: its TMA loads arrive on ``full[slot]`` (one arrival per operand, with
