@@ -66,6 +66,7 @@ from pallas_kernels.gemm_config import (
     SkinnyConfig,
     TuningConfig,
     default_config,
+    skinny_config,
 )
 from pallas_kernels.gemm_data import layout_operands
 
@@ -356,37 +357,64 @@ def main(argv: list[str] | None = None) -> None:
         _sweep(quantize)
 
 
-def _sweep(quantize) -> None:
-    """Times a few tuning configs (for choosing the defaults)."""
+def _sweep_configs() -> dict[tuple[int, int, int], list]:
+    """(M, N, K) -> the tuning configs `_sweep` times there (for choosing the defaults):
+    the pipelined mainloop's pipeline depth and tile order at 8192³ and 4096³, the skinny
+    kernel's K step, depth, split and substeps at 16 and 64 tokens."""
     big = [
-        LARGE_CONFIG,
         PIPELINED_CONFIG,
         dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=2),
+        dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=4),
         dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=16),
         dataclasses.replace(PIPELINED_CONFIG, grid_minor_dim=MatmulDimension.M),
-        dataclasses.replace(LARGE_CONFIG, max_concurrent_steps=6),
-        dataclasses.replace(LARGE_CONFIG, wg_dimension=MatmulDimension.M),
-        dataclasses.replace(LARGE_CONFIG, grid_tile_width=16),
-        dataclasses.replace(LARGE_CONFIG, auto_barriers=True),
-        dataclasses.replace(LARGE_CONFIG, tile_k=128, epi_tile_n=32, max_concurrent_steps=3),
+        LARGE_CONFIG,
     ]
+    base = skinny_config(8192, 8192)  # the skinny kernel's default there (k_splits=4)
     skinny = [
-        SKINNY_CONFIG,
-        dataclasses.replace(SKINNY_CONFIG, k_splits=1),
-        dataclasses.replace(SKINNY_CONFIG, k_splits=4),
-        dataclasses.replace(SKINNY_CONFIG, tile_k=64, max_concurrent_steps=8),
+        base,
+        dataclasses.replace(base, k_splits=2),
+        dataclasses.replace(base, k_splits=8),
+        dataclasses.replace(base, max_concurrent_steps=4),
+        dataclasses.replace(base, max_concurrent_steps=8),
+        dataclasses.replace(base, tile_k=256, max_concurrent_steps=4),
+        dataclasses.replace(base, tile_k=256, max_concurrent_steps=4, k_substeps=2),
+        SKINNY_CONFIG,  # the general kernel's tiles for a skinny M
     ]
-    for (m, n, k), cfgs in (((8192, 8192, 8192), big), ((16, 8192, 8192), skinny)):
-        copies = 1 if m > 64 else 4
+    return {(8192, 8192, 8192): big, (4096, 4096, 4096): big,
+            (16, 8192, 8192): skinny, (64, 8192, 8192): skinny}
+
+
+def _sweep(quantize, interpret: bool = False, shapes=None) -> list[dict]:
+    """Times `_sweep_configs` in the fprop layout with the in-program timer
+    (`timing.time_in_program`, operand sets rotated past the L2 where they fit in it) and
+    prints one line per config as it goes; returns the rows. ``interpret``: a CPU smoke
+    run (one call per timing) of ``shapes`` (default: all)."""
+    rows = []
+    for (m, n, k), cfgs in _sweep_configs().items():
+        if shapes is not None and (m, n, k) not in shapes:
+            continue
+        copies = 1 if interpret else timing.sets_to_defeat_l2((m * k + k * n) * 9 // 16)
         ops = [layout_operands(quantize, "fprop", m, n, k, seed=10 * i, data=_random_bf16)[:2]
                for i in range(copies)]
         for cfg in cfgs:
+            f = functools.partial(matmul, config=cfg, interpret=interpret)
             try:
-                t = _seconds(functools.partial(matmul, config=cfg), ops, iters=7)
-                print(f"sweep {m},{n},{k}: {_tflops(m, n, k, t):7.1f} TFLOP/s  {cfg}", flush=True)
+                if interpret:
+                    t = timing.time_in_program(f, ops, calls_per_program=1, iters=1, warmup=0)
+                else:
+                    t = timing.time_in_program(f, ops, calls_per_program=8, iters=5)
+                rows.append({"mnk": (m, n, k), "config": repr(cfg), "ms": 1e3 * t})
+                print(f"sweep {m},{n},{k}: {1e3 * t:8.4f} ms {_tflops(m, n, k, t):7.1f} TFLOP/s"
+                      f"  {cfg}", flush=True)
             except Exception as e:  # noqa: BLE001 - report and go on (e.g. SMEM overflow)
                 print(f"sweep {m},{n},{k}: failed {type(e).__name__}: {str(e)[:200]}  {cfg}",
                       flush=True)
+    for mnk in dict.fromkeys(r["mnk"] for r in rows):
+        first, *_ = (r for r in rows if r["mnk"] == mnk)  # the shape's default config
+        best = min((r for r in rows if r["mnk"] == mnk), key=lambda r: r["ms"])
+        print(f"sweep best at {mnk}: {best['ms']:.4f} ms ({first['ms'] / best['ms']:.2f}x the "
+              f"first config's {first['ms']:.4f}): {best['config']}", flush=True)
+    return rows
 
 
 def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),

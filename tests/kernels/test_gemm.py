@@ -250,3 +250,13 @@ def test_gpu_shapes_it_cannot_take(mnk):
 
 if __name__ == "__main__":
     worker_main(INTERPRET_CASES, _run_case)
+
+
+def test_sweep_configs_are_taken_by_the_kernel():
+    """Every tuning config the benchmark sweep (`gemm._sweep_configs`) times is one the
+    kernel takes for its shape (a config it rejects would only fail on the device)."""
+    for (m, n, k), cfgs in gemm._sweep_configs().items():
+        lhs, rhs, _ = _abstract_operands("fprop", m, n, k)
+        for cfg in cfgs:
+            out = jax.eval_shape(functools.partial(gemm.matmul, config=cfg), lhs, rhs)
+            assert out.shape == (m, n), cfg
