@@ -1,0 +1,15 @@
+# Next GPU session, call 1 (written 2026-12-01, eighth session; not yet run; ≤ 9 min):
+# issue 9 t1/t2: the tuning sweep after the skeleton's role-split pipeline
+# (`pallas_kernels.gemm._sweep`, in-program timer): the pipelined mainloop's depth and
+# tile order at 8192³, the skinny kernel's K step, depth, split and substeps at 16 and 64
+# tokens. Each line is printed as it is measured, the best per shape last.
+export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+FINAL=$OUT; L=/tmp/logs; mkdir -p $L
+save() { tar czf $FINAL/logs.tgz -C $L .; }
+for shape in "(16, 8192, 8192)" "(64, 8192, 8192)" "(8192, 8192, 8192)"; do
+  timeout 170 python3 -c "
+from fp4jax.reference.quantization import quantize
+from pallas_kernels import gemm
+gemm._sweep(quantize, shapes=[$shape])" >> $L/sweep.log 2>&1
+  echo "sweep $shape rc=$?"; grep "best" $L/sweep.log | tail -1; save
+done
