@@ -359,14 +359,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def _sweep_configs() -> dict[tuple[int, int, int], list]:
     """(M, N, K) -> the tuning configs `_sweep` times there (for choosing the defaults):
-    the pipelined mainloop's pipeline depth and tile order at 8192³ and 4096³, the skinny
-    kernel's K step, depth, split and substeps at 16 and 64 tokens."""
+    the pipelined mainloop's pipeline depth, tile order and decoded buffers at 8192³ and
+    4096³, the skinny kernel's K step, depth, split and substeps at 16 and 64 tokens."""
     big = [
         PIPELINED_CONFIG,
         dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=2),
         dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=4),
         dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=16),
         dataclasses.replace(PIPELINED_CONFIG, grid_minor_dim=MatmulDimension.M),
+        dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2),
+        dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2, max_concurrent_steps=4),
         LARGE_CONFIG,
     ]
     base = skinny_config(8192, 8192)  # the skinny kernel's default there (k_splits=4)

@@ -67,6 +67,10 @@ class TuningConfig:
         its lhs rows into registers and half of the rhs tile into a buffer both
         multiply with, and decodes a 64-wide substep while the tensor cores multiply
         the previous one.
+      decoded_slots: the pipelined mainloop's decoded rhs buffers: 3 (default; a writer
+        knows from the previous substep's barrier that the buffer's last readers are
+        done) or 2 (32 KB less shared memory, and each substep's buffer is a constant:
+        a release barrier per buffer instead of the slot arithmetic).
     """
 
     tile_m: int = 128
@@ -83,6 +87,7 @@ class TuningConfig:
     auto_barriers: bool = False
     decode: str = "subnormal"
     mainloop: str = "serial"
+    decoded_slots: int = 3
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
@@ -98,6 +103,11 @@ class TuningConfig:
                     "of 128, wg_dimension=M and decode='subnormal', got "
                     f"{(self.tile_m, self.tile_n, self.tile_k)}, {self.wg_dimension.name}, "
                     f"{self.decode!r}")
+        if self.decoded_slots not in (2, 3):
+            raise ValueError(f"decoded_slots must be 2 or 3, got {self.decoded_slots}")
+        if self.decoded_slots != 3 and self.mainloop != "pipelined":
+            raise ValueError(f"decoded_slots={self.decoded_slots} applies to "
+                             "mainloop='pipelined' only")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:

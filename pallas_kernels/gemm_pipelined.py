@@ -23,7 +23,10 @@ stage holds two substeps: with one, the next iteration would rewrite the registe
 wgmma in flight). And three decoded buffers need no "consumed" barrier: a warpgroup
 that writes buffer s % 3 in substep s has passed the barrier of substep s-1, so the
 other warpgroup had finished substep s-2, including its wait for the wgmma of substep
-s-3, the last reader of that buffer.
+s-3, the last reader of that buffer. (``TuningConfig.decoded_slots = 2`` trades that
+argument for a release barrier per buffer: each warpgroup arrives on the previous
+substep's buffer once ``wgmma_wait(1)`` has retired its read, and a writer waits for
+both; the buffer of a substep is then a constant, and 32 KB of shared memory are free.)
 
 Why this shape (arithmetic per 64-wide substep of a 128×256 CTA tile, H200, one SM):
 
@@ -98,13 +101,15 @@ B_SLOTS = 3
 """Decoded rhs buffers (see the module docstring for why three need no release barrier)."""
 
 
-def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, p: Problem, cfg: TuningConfig,
-            interpret: bool):
+def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem,
+            cfg: TuningConfig, interpret: bool):
     """The pipelined mainloop in `gemm_skeleton.persistent_gemm` (``gmem``: its refs, the
-    rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``)."""
+    rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``;
+    ``b_free``: the release barriers of ``cfg.decoded_slots == 2``)."""
     a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
     k_iters = p.k // cfg.k_splits // cfg.tile_k
     substeps = cfg.tile_k // TILE_K
+    two_slots = cfg.decoded_slots == 2
 
     def mainloop(wg):
         wg_rows = pl.ds(wg * WG_M, WG_M)
@@ -116,12 +121,16 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, p: Problem, cfg: Tuning
                 # previous substep still reads its own while this one is decoded.
                 for h in range(substeps):
                     step = (info.local_index * k_iters + idx[0]) * substeps + h
-                    slot = lax.rem(step, B_SLOTS)
+                    # Two buffers: substep h of a stage always uses buffer h % 2 (a stage
+                    # has an even number of substeps), a constant address.
+                    slot = h % 2 if two_slots else lax.rem(step, B_SLOTS)
                     kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)  # packed rows or bytes
                     kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)  # scale blocks
                     codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
                     a = pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
                     b_dec = b_dec_smem.at[slot]
+                    if two_slots:
+                        _acquire(step, slot)
                     if p.rhs_cols:
                         pd.decode_b(
                             b_op,
@@ -142,7 +151,27 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, p: Problem, cfg: Tuning
                         a = a_smem.at[wg]
                     plgpu.wgmma(acc_ref, a, b_ref)
                     plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
+                    if two_slots:
+                        _release(step, 1 - slot)
                 return acc_ref
+
+            def _acquire(step, slot):
+                """Waits until the buffer's last readers, both warpgroups' wgmma of substep
+                ``step - 2``, are done."""
+                @pl.when(step >= 2)
+                def _():
+                    plgpu.barrier_wait(b_free.at[slot])
+
+            def _release(step, prev_slot):
+                """This warpgroup no longer reads the previous substep's buffer; after the
+                CTA's last substep, observe that last release (no phase left unseen)."""
+                @pl.when(step >= 1)
+                def _():
+                    plgpu.barrier_arrive(b_free.at[prev_slot])
+
+                @pl.when(step == info.num_local_steps * k_iters * substeps - 1)
+                def _():
+                    plgpu.barrier_wait(b_free.at[prev_slot])
 
             store = None
             if p.lhs_cols:  # A rows permuted: the slices are renamed back
@@ -170,7 +199,7 @@ def smem_bytes(p: Problem, cfg: TuningConfig, out_bits: int, out_slots: int) -> 
     tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
     rhs_scales = tk // BLOCK * (cta_tn // BLOCK if p.rhs_cols else cta_tn) * 2
     stage = cta_tm * tk // 2 + tk // BLOCK * cta_tm * 2 + tk // 2 * cta_tn + rhs_scales
-    decoded = B_SLOTS * TILE_K * cta_tn * 2
+    decoded = cfg.decoded_slots * TILE_K * cta_tn * 2
     out = 2 * out_slots * cfg.epi_tile_m * cfg.epi_tile_n * out_bits // 8
     return cfg.max_concurrent_steps * stage + decoded + out
 
@@ -209,9 +238,12 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
     scratch = {
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
-        "b_dec_smem": plgpu.SMEM((B_SLOTS, *b_shape), jnp.bfloat16, transforms=bf16_tf),
-        "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=B_SLOTS),
+        "b_dec_smem": plgpu.SMEM((cfg.decoded_slots, *b_shape), jnp.bfloat16,
+                                 transforms=bf16_tf),
+        "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=cfg.decoded_slots),
     }
+    if cfg.decoded_slots == 2:
+        scratch["b_free"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
     # Without Pallas' automatic barriers (unless cfg.auto_barriers): the decoded buffers
     # are ordered by their barrier (each thread fences its stores first); the epilogue
     # places its own barriers.

@@ -222,6 +222,10 @@ def test_config_validation():
         dataclasses.replace(PIPELINED_CONFIG, decode="normal")
     with pytest.raises(ValueError, match="wg_dimension=M"):
         dataclasses.replace(PIPELINED_CONFIG, wg_dimension=MatmulDimension.N)
+    with pytest.raises(ValueError, match="decoded_slots must be 2 or 3"):
+        dataclasses.replace(PIPELINED_CONFIG, decoded_slots=4)
+    with pytest.raises(ValueError, match="applies to mainloop='pipelined' only"):
+        TuningConfig(decoded_slots=2)
 
 
 # ----------------------------------------------------------------------------------------
@@ -239,6 +243,10 @@ INTERPRET_CASES = {
     "fprop_exact": ("fprop", (256, 256, 256), True, "float32", _cfg()),
     "dgrad_exact_bf16": ("dgrad", (256, 256, 256), True, "bfloat16", _cfg()),
     "wgrad_exact": ("wgrad", (256, 256, 256), True, "float32", _cfg()),
+    # Two decoded buffers and their release barriers, across tiles.
+    "fprop_two_slots": ("fprop", (256, 256, 256), True, "float32", _cfg(decoded_slots=2)),
+    "dgrad_two_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
+                             _cfg(decoded_slots=2)),
 }
 
 
@@ -257,11 +265,15 @@ def test_interpret_matches_reference(name):
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
 def test_lowers_for_cuda(layout):
     """8192³ (float32 output: the largest epilogue buffer) and 4096³ (bfloat16) lower for
-    CUDA on this host."""
-    for size, dtype in ((8192, jnp.float32), (4096, jnp.bfloat16)):
+    CUDA on this host; with two decoded buffers too, and then with a fourth TMA stage in
+    the shared memory they free."""
+    two = dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2)
+    cases = [(8192, jnp.float32, PIPELINED_CONFIG), (4096, jnp.bfloat16, PIPELINED_CONFIG),
+             (8192, jnp.float32, dataclasses.replace(two, max_concurrent_steps=4))]
+    for size, dtype, cfg in cases:
         lhs, rhs, kw = abstract_layout_operands(layout, size, size, size)
-        f = jax.jit(functools.partial(gemm.matmul, config=PIPELINED_CONFIG,
-                                      preferred_element_type=dtype, **kw))
+        f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype,
+                                      **kw))
         text = f.trace(lhs, rhs).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
 
@@ -303,7 +315,10 @@ def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [dataclasses.replace(PIPELINED_CONFIG, k_splits=2),
                                  dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=3),
-                                 dataclasses.replace(PIPELINED_CONFIG, num_sms=7)])
+                                 dataclasses.replace(PIPELINED_CONFIG, num_sms=7),
+                                 dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2),
+                                 dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2,
+                                                     max_concurrent_steps=4, num_sms=5)])
 def test_gpu_configs(cfg):
     lhs, rhs, kw = layout_operands("dgrad", 512, 512, 1024, seed=3)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), jax.jit(ref_matmul)(lhs, rhs))
