@@ -61,12 +61,10 @@ from pallas_kernels.gemm_config import (
     LARGE_CONFIG,
     MAX_PADDED_M,
     PIPELINED_CONFIG,
-    SKINNY_CONFIG,
     MatmulDimension,
     SkinnyConfig,
     TuningConfig,
     default_config,
-    skinny_config,
 )
 from pallas_kernels.gemm_data import layout_operands
 
@@ -312,8 +310,9 @@ def _seconds(f, args_list, *, iters: int = 15) -> float:
 def main(argv: list[str] | None = None) -> None:
     """Benchmarks the kernel vs XLA dequantize+dot vs BF16 ``jnp.dot`` (TFLOP/s).
 
-    ``--layouts`` adds the dgrad and wgrad layouts at 8192³; ``--sweep`` times a few
-    tuning configs at 8192³ and for the skinny shape. ``--mainloops`` instead prints
+    ``--layouts`` adds the dgrad and wgrad layouts at 8192³; ``--sweep`` times the
+    general kernel's tuning configs (`_sweep_configs`; the skinny kernel's are
+    `gemm_skinny_bench`'s ``--sweep``). ``--mainloops`` instead prints
     the mainloop table (`_mainloops`: BF16, XLA, serial and pipelined in the three
     layouts at 4096³ and 8192³, and their bits on exact-sum data), after the sweep if
     both are asked for.
@@ -360,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
 def _sweep_configs() -> dict[tuple[int, int, int], list]:
     """(M, N, K) -> the tuning configs `_sweep` times there (for choosing the defaults):
     the pipelined mainloop's pipeline depth, tile order and decoded buffers at 8192³ and
-    4096³, the skinny kernel's K step, depth, split and substeps at 16 and 64 tokens."""
+    4096³. (The skinny kernel's configs: `gemm_skinny_bench`'s ``--sweep``.)"""
     big = [
         PIPELINED_CONFIG,
         dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=2),
@@ -371,19 +370,7 @@ def _sweep_configs() -> dict[tuple[int, int, int], list]:
         dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2, max_concurrent_steps=4),
         LARGE_CONFIG,
     ]
-    base = skinny_config(8192, 8192)  # the skinny kernel's default there (k_splits=4)
-    skinny = [
-        base,
-        dataclasses.replace(base, k_splits=2),
-        dataclasses.replace(base, k_splits=8),
-        dataclasses.replace(base, max_concurrent_steps=4),
-        dataclasses.replace(base, max_concurrent_steps=8),
-        dataclasses.replace(base, tile_k=256, max_concurrent_steps=4),
-        dataclasses.replace(base, tile_k=256, max_concurrent_steps=4, k_substeps=2),
-        SKINNY_CONFIG,  # the general kernel's tiles for a skinny M
-    ]
-    return {(8192, 8192, 8192): big, (4096, 4096, 4096): big,
-            (16, 8192, 8192): skinny, (64, 8192, 8192): skinny}
+    return {(8192, 8192, 8192): big, (4096, 4096, 4096): big}
 
 
 def _sweep(quantize, interpret: bool = False, shapes=None) -> list[dict]:
