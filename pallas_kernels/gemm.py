@@ -66,7 +66,7 @@ from pallas_kernels.gemm_config import (
     TuningConfig,
     default_config,
 )
-from pallas_kernels.gemm_data import layout_operands
+from pallas_kernels.gemm_data import layout_operands, stored_operands, views
 
 
 def _expand_tiles(scales: jax.Array, axis: int, length: int) -> jax.Array:
@@ -427,16 +427,20 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
     for size in sizes:
         for layout_name in ("fprop", "dgrad", "wgrad"):
             m = n = k = size
-            *ops, kw = layout_operands(quantize, layout_name, m, n, k, seed=size,
-                                       data=_random_bf16)
+            # The stored operands; each timed program takes the layout's views itself, as
+            # the training step does (a view made outside is a transposed copy).
+            ops = stored_operands(quantize, layout_name, m, n, k, seed=size, data=_random_bf16)
+            kw = views(layout_name, *ops)[2]
             dense, dot = _dense_args(layout_name, m, n, k, seed=size)
+            xla_in_step = jax.jit(lambda a, b, lay=layout_name: xla_ref(*views(lay, a, b)[:2]))
             times = {"bf16": seconds(jax.jit(lambda a, b, d=dot: d(a, b).astype(bf16)),
                                       [dense]),
-                     "xla": seconds(xla_ref, [ops])}
-            want = xla_ref(*ops)
+                     "xla": seconds(xla_in_step, [ops])}
+            want = xla_in_step(*ops)
             errs = {}
             for name, cfg in kernels.items():
-                f = functools.partial(matmul_, config=cfg, preferred_element_type=bf16, **kw)
+                f = jax.jit(lambda a, b, lay=layout_name, c=cfg, kw=kw: matmul_(
+                    *views(lay, a, b)[:2], config=c, preferred_element_type=bf16, **kw))
                 try:
                     times[name] = seconds(f, [ops])
                     got = f(*ops).astype(jnp.float32)

@@ -62,14 +62,8 @@ def views(layout: str, lhs, rhs):
 def layout_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *, seed: int = 0,
                     data: Callable = exact_sum_data):
     """``(lhs, rhs, kwargs)`` of the ``layout`` GEMM with output ``(m, n)`` and contraction
-    ``k``, from ``data(shape, seed)`` quantized by ``quantize`` (`fp4jax.quantize`'s
-    signature; this module imports no quantizer, being below the reference in the layers),
-    with `views` taken:
-
-    * ``fprop``: ``X @ W``, X ``(m, k)`` blocked along K, W ``(k, n)`` in 16×16 tiles;
-    * ``dgrad``: ``dY @ W.mT``, W stored ``(n, k)`` in 16×16 tiles;
-    * ``wgrad``: ``X.mT @ dY``, X ``(k, m)`` and dY ``(k, n)`` blocked along the tokens,
-      ``kwargs = {"lhs_from_mT": True}``; ``wgrad_plain``: the same without the flag.
+    ``k``: `stored_operands` with `views` taken (outside any program: a benchmark should
+    take the views inside the timed one, `views`).
 
     Example:
       >>> from fp4jax.reference.quantization import quantize
@@ -77,14 +71,33 @@ def layout_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *, 
       >>> lhs.shape, rhs.shape, kw
       ((32, 48), (48, 64), {'lhs_from_mT': True})
     """
+    return views(layout, *stored_operands(quantize, layout, m, n, k, seed=seed, data=data))
+
+
+def stored_operands(quantize: Callable, layout: str, m: int, n: int, k: int, *,
+                    seed: int = 0, data: Callable = exact_sum_data):
+    """The two operands of the ``layout`` GEMM with output ``(m, n)`` and contraction
+    ``k`` as a training step stores them, from ``data(shape, seed)`` quantized by
+    ``quantize`` (`fp4jax.quantize`'s signature; this module imports no quantizer, being
+    below the reference in the layers):
+
+    * ``fprop``: X ``(m, k)`` blocked along K, W ``(k, n)`` in 16×16 tiles (``X @ W``);
+    * ``dgrad``: dY ``(m, k)``, W stored ``(n, k)`` in 16×16 tiles (``dY @ W.mT``);
+    * ``wgrad``/``wgrad_plain``: X ``(k, m)`` and dY ``(k, n)`` blocked along the tokens
+      (``X.mT @ dY``).
+
+    Example:
+      >>> from fp4jax.reference.quantization import quantize
+      >>> x, w = stored_operands(quantize, "dgrad", 32, 64, 48)
+      >>> x.shape, w.shape
+      ((32, 48), (64, 48))
+    """
     if layout == "fprop":
-        stored = (quantize(data((m, k), seed)),
-                  quantize(data((k, n), seed + 1), axis=0, block_2d=True))
-    elif layout == "dgrad":
-        stored = (quantize(data((m, k), seed)),
-                  quantize(data((n, k), seed + 1), axis=0, block_2d=True))
-    elif layout in ("wgrad", "wgrad_plain"):
-        stored = (quantize(data((k, m), seed), axis=0), quantize(data((k, n), seed + 1), axis=0))
-    else:
-        raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")
-    return views(layout, *stored)
+        return (quantize(data((m, k), seed)),
+                quantize(data((k, n), seed + 1), axis=0, block_2d=True))
+    if layout == "dgrad":
+        return (quantize(data((m, k), seed)),
+                quantize(data((n, k), seed + 1), axis=0, block_2d=True))
+    if layout in ("wgrad", "wgrad_plain"):
+        return quantize(data((k, m), seed), axis=0), quantize(data((k, n), seed + 1), axis=0)
+    raise ValueError(f"layout must be fprop, dgrad, wgrad or wgrad_plain, got {layout!r}")
