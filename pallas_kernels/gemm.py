@@ -406,6 +406,13 @@ def _sweep(quantize, interpret: bool = False, shapes=None) -> list[dict]:
     return rows
 
 
+def _kernel_on_stored(matmul_fn, layout: str, cfg, lhs, rhs):
+    """``matmul_fn`` (BF16 output, ``cfg``) of the stored operands, the layout's views and
+    their kwargs taken here (inside the caller's program)."""
+    a, b, kw = views(layout, lhs, rhs)
+    return matmul_fn(a, b, config=cfg, preferred_element_type=jnp.bfloat16, **kw)
+
+
 def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
                interpret: bool = False) -> None:
     """Times BF16 ``jnp.dot`` (the same layout's transposes), the XLA path (decode +
@@ -430,7 +437,6 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
             # The stored operands; each timed program takes the layout's views itself, as
             # the training step does (a view made outside is a transposed copy).
             ops = stored_operands(quantize, layout_name, m, n, k, seed=size, data=_random_bf16)
-            kw = views(layout_name, *ops)[2]
             dense, dot = _dense_args(layout_name, m, n, k, seed=size)
             xla_in_step = jax.jit(lambda a, b, lay=layout_name: xla_ref(*views(lay, a, b)[:2]))
             times = {"bf16": seconds(jax.jit(lambda a, b, d=dot: d(a, b).astype(bf16)),
@@ -439,8 +445,7 @@ def _mainloops(quantize, sizes=(4096, 8192), exact_mnk=(1024, 1024, 512),
             want = xla_in_step(*ops)
             errs = {}
             for name, cfg in kernels.items():
-                f = jax.jit(lambda a, b, lay=layout_name, c=cfg, kw=kw: matmul_(
-                    *views(lay, a, b)[:2], config=c, preferred_element_type=bf16, **kw))
+                f = jax.jit(functools.partial(_kernel_on_stored, matmul_, layout_name, cfg))
                 try:
                     times[name] = seconds(f, [ops])
                     got = f(*ops).astype(jnp.float32)

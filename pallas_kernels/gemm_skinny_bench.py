@@ -105,26 +105,25 @@ def _row(layout, m, nk, x16, w16, qx, qw, bw, interpret) -> dict:
     bf16_dot = jax.jit(lambda a, b: jnp.dot(a, b.T if dgrad else b,
                                             preferred_element_type=jnp.bfloat16))
 
-    def as_in_step(f):  # the layout's view of the stored weight taken inside the program
-        return jax.jit(lambda x, w: f(*views(layout, x, w)[:2]))
-
-    xla = as_in_step(functools.partial(gemm.reference, preferred_element_type=jnp.bfloat16))
+    xla = _as_in_step(layout, functools.partial(gemm.reference,
+                                                preferred_element_type=jnp.bfloat16))
     ours = functools.partial(gemm.matmul, preferred_element_type=jnp.bfloat16,
                              interpret=interpret)
     ops = list(zip(qx, qw, strict=True))
     row = {"layout": layout, "m": m, "n": nk, "k": nk,
            "floor_ms": _floor_bytes(m, nk, nk) / bw * 1e3}
-    old = as_in_step(functools.partial(ours, config=default_config(m, nk, nk, skinny=False)))
+    old = _as_in_step(layout, functools.partial(
+        ours, config=default_config(m, nk, nk, skinny=False)))
     cfg = default_config(m, nk, nk)
     _measure(row, "bf16_ms", _ms, bf16_dot, list(zip(x16, w16, strict=True)), q)
     _measure(row, "xla_ms", _ms, xla, ops, q)
     _measure(row, "old_ms", _ms, old, ops, q)
     if isinstance(cfg, SkinnyConfig):
-        _measure(row, "new_ms", _ms, as_in_step(ours), ops, q)
+        _measure(row, "new_ms", _ms, _as_in_step(layout, ours), ops, q)
         kernel, args_list = _kernel_only([views(layout, x, w)[:2] for x, w in ops], cfg,
                                          interpret)
         _measure(row, "kernel_ms", _ms, kernel, args_list, q)
-        _measure(row, "rel_err", _rel_err, as_in_step(ours), xla, ops[0])
+        _measure(row, "rel_err", _rel_err, _as_in_step(layout, ours), xla, ops[0])
     print(row, flush=True)
     return row
 
@@ -177,9 +176,10 @@ def main(argv: list[str] | None = None, *, sizes=(8192, 2048), ms=(1, 16, 64, 12
     return rows
 
 
-def _with_view(layout: str, f, x, w):
-    """``f`` of the layout's view of the stored operands (`gemm_data.views`)."""
-    return f(*views(layout, x, w)[:2])
+def _as_in_step(layout: str, f):
+    """``f`` jitted on the stored operands, the layout's view of the weight taken inside
+    the program (`gemm_data.views`), as in the training step."""
+    return jax.jit(lambda x, w: f(*views(layout, x, w)[:2]))
 
 
 def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
@@ -200,8 +200,7 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
         ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, nk))), w)
                for i, w in enumerate(qw)]
         for cfg in variants:
-            # dgrad's W.mT taken inside the timed program, as in the training step.
-            f = functools.partial(_with_view, layout, functools.partial(
+            f = _as_in_step(layout, functools.partial(
                 gemm.matmul, config=cfg, preferred_element_type=jnp.bfloat16,
                 interpret=interpret))
             row: dict = {}
