@@ -97,9 +97,6 @@ from pallas_kernels.gemm_config import TuningConfig
 from pallas_kernels.gemm_pipelined_layouts import HALF_N, TILE_K, WG_M
 from pallas_kernels.gemm_skeleton import Problem, swizzled
 
-B_SLOTS = 3
-"""Decoded rhs buffers (see the module docstring for why three need no release barrier)."""
-
 
 def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem,
             cfg: TuningConfig, interpret: bool):
@@ -123,7 +120,7 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                     step = (info.local_index * k_iters + idx[0]) * substeps + h
                     # Two buffers: substep h of a stage always uses buffer h % 2 (a stage
                     # has an even number of substeps), a constant address.
-                    slot = h % 2 if two_slots else lax.rem(step, B_SLOTS)
+                    slot = h % 2 if two_slots else lax.rem(step, cfg.decoded_slots)
                     kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)  # packed rows or bytes
                     kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)  # scale blocks
                     codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
