@@ -182,24 +182,32 @@ def _as_in_step(layout: str, f):
     return jax.jit(lambda x, w: f(*views(layout, x, w)[:2]))
 
 
-def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
-    """Times `SkinnyConfig` variants at N = K = ``nk``: fprop M = 16 and 64, dgrad M = 16."""
-    base = default_config(16, nk, nk)
-    variants = [base] + [dataclasses.replace(base, **kw) for kw in (
-        {"k_splits": 2 * base.k_splits}, {"k_splits": max(1, base.k_splits // 2)},
-        {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
-        {"tile_k": 256, "max_concurrent_steps": 4},
-        {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3},
-        {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4})]
-    variants = list(dict.fromkeys(variants))  # distinct, in order
+def _sweep(quantize, nk: int = 8192, interpret: bool = False, *,
+           variants: list[SkinnyConfig] | None = None,
+           cases=(("fprop", 16), ("fprop", 64), ("dgrad", 16)), repeats: int = 1) -> None:
+    """Times `SkinnyConfig` variants at N = K = ``nk`` for each (layout, M) of ``cases``.
+
+    ``variants`` default to the default config at M = 16 and a few changes of it;
+    ``repeats`` > 1 times the whole list again (an A/B in alternating order, so a drift
+    of the GPU's clocks over the run does not favour the configs timed later).
+    """
+    if variants is None:
+        base = default_config(16, nk, nk)
+        variants = [base] + [dataclasses.replace(base, **kw) for kw in (
+            {"k_splits": 2 * base.k_splits}, {"k_splits": max(1, base.k_splits // 2)},
+            {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
+            {"tile_k": 256, "max_concurrent_steps": 4},
+            {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3},
+            {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4})]
+        variants = list(dict.fromkeys(variants))  # distinct, in order
     copies = 2 if interpret else timing.sets_to_defeat_l2(nk * nk // 2)
     qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),
                    axis=0, block_2d=True) for i in range(copies)]
     print(f"\nsweep (N = K = {nk}, BF16 output, ms per call):", flush=True)
-    for layout, m in (("fprop", 16), ("fprop", 64), ("dgrad", 16)):
+    for layout, m in cases:
         ops = [(quantize(jax.random.normal(jax.random.key(100 + i), (m, nk))), w)
                for i, w in enumerate(qw)]
-        for cfg in variants:
+        for cfg in variants * repeats:
             f = _as_in_step(layout, functools.partial(
                 gemm.matmul, config=cfg, preferred_element_type=jnp.bfloat16,
                 interpret=interpret))
@@ -208,7 +216,6 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False) -> None:
             t = row["ms"]
             print(f"  {layout} M={m:>3} {t:8.4f}  {cfg}" if isinstance(t, float) else
                   f"  {layout} M={m:>3} failed  {cfg}", flush=True)
-
 
 if __name__ == "__main__":
     main()
