@@ -151,9 +151,9 @@ PIPELINED_CONFIG = TuningConfig(
 """Default for large GEMMs whose M, N and K it divides: the pipelined mainloop
 (`pallas_kernels.gemm_pipelined`), CTA tile 128×256, each consumer warpgroup 64×256, 3
 stages of 128 packed K (two 64-wide substeps each), two decoded rhs buffers. On the H200
-it ran 1.18–1.34× faster than `LARGE_CONFIG` at 4096³ and 8192³ in the three layouts, with
+it ran 1.23–1.41× faster than `LARGE_CONFIG` at 4096³ and 8192³ in the three layouts, with
 the same bits; two decoded buffers instead of three were 1.05× faster at 8192³ fprop
-(docs/BENCHMARKS.md, eighth and ninth sessions)."""
+(docs/BENCHMARKS.md, ninth session)."""
 
 SKINNY_CONFIG = TuningConfig(
     tile_m=64, tile_n=64, tile_k=128, max_concurrent_steps=6, k_splits=2,
@@ -231,30 +231,14 @@ SKINNY_MIN_STEPS = 4
 """The default split-K leaves each CTA at least this many pipeline steps."""
 
 
-SKINNY_WIDE_K_MAX_M = 16
-"""Up to this M the skinny default takes 256-wide K steps in two substeps, 4 stages deep
-(`skinny_config`); larger M keeps 128-wide steps, 6 deep (its shared memory does not hold
-four 256-wide stages at M = 64)."""
+def skinny_config(n: int, k: int, *, tile_k: int = 128) -> SkinnyConfig | None:
+    """The default skinny tuning for N and K, or None when no K split divides K.
 
-
-def skinny_config(n: int, k: int, *, m: int = SKINNY_WIDE_K_MAX_M,
-                  tile_k: int | None = None) -> SkinnyConfig | None:
-    """The default skinny tuning for an ``(m, k) @ (k, n)`` GEMM, or None when K does
-    not divide.
-
-    For ``m <= SKINNY_WIDE_K_MAX_M`` the K step is 256 wide, decoded in two substeps,
-    4 stages deep, where K divides and every CTA keeps `SKINNY_MIN_STEPS` steps; on the
-    H200 that ran 1.27× faster than 128-wide steps, 6 deep, at 16×8192×8192
-    (docs/BENCHMARKS.md, ninth session). Otherwise (or when ``tile_k`` is given) steps
-    are ``tile_k`` (default 128) wide, 6 deep. ``k_splits`` is the largest power of two
-    that keeps the grid within `PLANNED_SMS` CTAs and every CTA at least
-    `SKINNY_MIN_STEPS` steps (or 1).
+    ``k_splits`` is the largest power of two that keeps the grid within `PLANNED_SMS`
+    CTAs and every CTA at least `SKINNY_MIN_STEPS` steps (or 1). (256-wide K steps in
+    two substeps, 4 deep, timed the same as this at 16×8192×8192 on the H200 in an
+    alternating A/B: docs/BENCHMARKS.md, ninth session.)
     """
-    if tile_k is None and m <= SKINNY_WIDE_K_MAX_M:
-        wide = skinny_config(n, k, tile_k=256)
-        if wide is not None and k // (wide.k_splits * 256) >= SKINNY_MIN_STEPS:
-            return dataclasses.replace(wide, max_concurrent_steps=4, k_substeps=2)
-    tile_k = 128 if tile_k is None else tile_k
     if n % SKINNY_CTA_N or k % tile_k:
         return None
     ks = 1
@@ -277,7 +261,7 @@ def default_config(m: int, n: int, k: int, *, skinny: bool = True
     operands are in its layout, see `pallas_kernels.gemm`); otherwise the largest
     `TuningConfig` CTA tile that divides the problem (an M below one tile is padded).
     """
-    if m <= MAX_PADDED_M and skinny and (cfg := skinny_config(n, k, m=m)) is not None:
+    if m <= MAX_PADDED_M and skinny and (cfg := skinny_config(n, k)) is not None:
         return cfg
     if m <= 64:
         for cfg in (SKINNY_CONFIG, dataclasses.replace(SKINNY_CONFIG, k_splits=1),
