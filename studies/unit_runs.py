@@ -243,6 +243,44 @@ def finished(results: Path, unit: Unit) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def adopt_units(spec: StudySpec, results: Path, source: StudySpec,
+                source_results: Path) -> list[str]:
+    """Takes the finished units of another study that are exactly units of ``spec``.
+
+    A unit is adopted only when its recorded run (`build_result`'s ``run_config``, model
+    apart from the compute dtype, steps and corpus) equals what ``spec`` would run for
+    it; the copy says so (``adopted_from``: the source study) and is otherwise the
+    record as it was. Units ``spec`` has finished are left alone. Returns one line per
+    unit the source has finished: adopted, already finished here, or which field differs.
+    """
+    results, source_results = Path(results), Path(source_results)
+    notes = []
+    for unit in spec.units():
+        rec = finished(source_results, unit)
+        if rec is None:
+            continue
+        if finished(results, unit):
+            notes.append(f"  {unit.name}: already finished in {spec.name}")
+            continue
+        model = {k: v for k, v in dataclasses.asdict(spec.model).items() if k != "dtype"}
+        want = {"run_config": dataclasses.asdict(spec.run_config(unit)),
+                "model_config": model, "steps": spec.steps(unit.tokens_per_param),
+                "corpus": unit.corpus, "variant": unit.variant, "seed": unit.seed}
+        want = json.loads(json.dumps(want))  # as recorded: tuples are lists
+        got = {**{k: rec.get(k) for k in want},
+               "model_config": {k: v for k, v in rec.get("model_config", {}).items()
+                                if k != "dtype"}}
+        differ = [k for k in want if got[k] != want[k]]
+        if differ:
+            notes.append(f"  {unit.name}: not adopted, {', '.join(differ)} differ")
+            continue
+        results.mkdir(parents=True, exist_ok=True)
+        write_json(result_path(results, unit),
+                   {**rec, "study": spec.name, "adopted_from": source.name})
+        notes.append(f"  {unit.name}: adopted from {source.name}")
+    return notes
+
+
 def _reusable(trainer: tl.Trainer | None, spec: StudySpec, unit: Unit) -> tl.Trainer | None:
     """``trainer`` set up for ``unit`` when its compiled steps serve it (`Trainer.for_run`),
     else None."""

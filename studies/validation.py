@@ -3,6 +3,7 @@
     PYTHONPATH=. python studies/validation.py plan pure_llama          # sizes, epochs, status
     PYTHONPATH=. python studies/validation.py run pure_llama --budget-s 500 --handoff $OUT
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from DIR  # after a call
+    PYTHONPATH=. python studies/validation.py adopt pure_llama --from-study noise_pilot
     PYTHONPATH=. python studies/validation.py report                   # docs/STUDY.md + PNGs
 
 The study's command line. Its parts are modules of their own: the studies and their
@@ -27,7 +28,7 @@ import data as data_lib
 import jax
 from seed_batch import run_seed_batches
 from study_handoff import pack_handoff, restore_handoff, unpack
-from unit_runs import finished, run_study, status_lines
+from unit_runs import adopt_units, finished, run_study, status_lines
 
 
 def _only(a: argparse.Namespace) -> dict[str, set]:
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--from", dest="src", required=True, help="the files a device call returned")
     u.add_argument("--carry", default=str(REPO / "studies" / "handoff"),
                    help="where handed-off checkpoints wait for the next call")
+    ad = sub.add_parser("adopt", help="take another study's finished units that are "
+                        "exactly units of this one (same run, model, steps, corpus)")
+    ad.add_argument("study", choices=sorted(STUDIES))
+    ad.add_argument("--from-study", required=True, choices=sorted(STUDIES))
+    ad.add_argument("--results-root", default=str(REPO / "studies" / "results"))
     rep = sub.add_parser("report", help="docs/STUDY.md and its figures from the results")
     rep.add_argument("studies", nargs="*", help="default: every study in the report")
     rep.add_argument("--results", default=None, help="with one study: its results folder")
@@ -99,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         text = study_report.write_report([STUDIES[n] for n in names], dirs, Path(a.doc),
                                    Path(a.figures), command=command)
         print(text)
+        return 0
+
+    if a.cmd == "adopt":
+        spec, source = STUDIES[a.study], STUDIES[a.from_study]
+        root = Path(a.results_root)
+        for line in adopt_units(spec, root / spec.name, source, root / source.name):
+            print(line)
         return 0
 
     spec = STUDIES[a.study]

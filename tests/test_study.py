@@ -386,3 +386,32 @@ def test_batch_plan_groups_a_variants_unfinished_seeds():
     assert [[u.seed for u in b] for b in only] == [[0, 1, 2], [3, 4]]
     with pytest.raises(ValueError, match="two or more"):
         seed_batch.batch_plan(spec, "/nonexistent", 1)
+
+
+def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
+    """A finished unit of another study is adopted when its recorded run config, model
+    (dtype aside), steps and corpus are this study's; one at another learning rate is
+    refused naming the field; a unit already finished here is left alone."""
+    same = dataclasses.replace(TINY, name="same")
+    other_lr = dataclasses.replace(TINY, name="other_lr", lr=TINY.lr / 2)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+
+    def record(spec, unit):
+        return json.loads(json.dumps({
+            "study": spec.name, "unit": unit.name, "corpus": unit.corpus,
+            "variant": unit.variant, "seed": unit.seed,
+            "steps": spec.steps(unit.tokens_per_param), "final_val_bpb": 1.5,
+            "model_config": dataclasses.asdict(spec.model_config("bfloat16")),
+            "run_config": dataclasses.asdict(spec.run_config(unit))}))
+
+    bf16, quant = TINY.units()
+    unit_runs.write_json(unit_runs.result_path(src, bf16), record(same, bf16))
+    unit_runs.write_json(unit_runs.result_path(src, quant), record(other_lr, quant))
+    notes = unit_runs.adopt_units(TINY, dst, same, src)
+    assert notes == [f"  {bf16.name}: adopted from same",
+                     f"  {quant.name}: not adopted, run_config differ"]
+    got = unit_runs.finished(dst, bf16)
+    assert got["study"] == "tiny" and got["adopted_from"] == "same"
+    assert got["final_val_bpb"] == 1.5 and unit_runs.finished(dst, quant) is None
+    assert unit_runs.adopt_units(TINY, dst, same, src)[0].endswith("already finished in tiny")
