@@ -19,26 +19,28 @@ import argparse
 import collections
 import re
 
-_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);")
 _BRA = re.compile(r"BRA\s+(?:`?\(?\.?L?_?x?)?0x([0-9a-f]+)")
 
 
-def instructions(path: str) -> list[tuple[int, str, str]]:
-    """(address, opcode, operands) of every instruction of a SASS listing."""
+def instructions(path: str) -> list[tuple[int, str, str, bool]]:
+    """(address, opcode, operands, predicated) of every instruction of a SASS listing."""
     out = []
     with open(path) as f:
         for line in f:
             m = _INSTR.match(line)
             if m:
-                out.append((int(m.group(1), 16), m.group(2), m.group(3)))
+                out.append((int(m.group(1), 16), m.group(3), m.group(4), bool(m.group(2))))
     return out
 
 
-def main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
-    """The instructions of the longest backward branch's span (target .. branch)."""
+def main_loop(instrs: list[tuple[int, str, str, bool]]) -> list[tuple[int, str, str, bool]]:
+    """The instructions of the longest loop: the span (target .. branch) of a predicated
+    backward branch. Unconditional backward branches are not loops: ptxas places the
+    retry loops of barrier waits after the function's end and jumps back from them."""
     best = (0, 0)
-    for i, (addr, op, args) in enumerate(instrs):
-        m = _BRA.search(op + args) if op == "BRA" else None
+    for i, (addr, op, args, predicated) in enumerate(instrs):
+        m = _BRA.search(op + args) if op == "BRA" and predicated else None
         if m and int(m.group(1), 16) < addr:
             start = next(j for j, ins in enumerate(instrs) if ins[0] >= int(m.group(1), 16))
             best = max(best, (i - start, start), key=lambda t: t[0])
@@ -86,11 +88,11 @@ def summarize(path: str, per_thread: int, split: str | None) -> dict:
     loop = main_loop(instructions(path))
     parts = [loop]
     if split:
-        hits = [i for i, (_, op, args) in enumerate(loop) if re.search(split, op + args)]
+        hits = [i for i, (_, op, args, _) in enumerate(loop) if re.search(split, op + args)]
         if hits:
             parts = [loop[:hits[-1] + 1], loop[hits[-1] + 1:]]
-    ops = collections.Counter(op.split(".")[0] for _, op, _ in loop)
-    pipes = collections.Counter(pipe_of(op) for _, op, _ in loop)
+    ops = collections.Counter(op.split(".")[0] for _, op, _, _ in loop)
+    pipes = collections.Counter(pipe_of(op) for _, op, _, _ in loop)
     return {"path": path, "loop": len(loop), "per_element": len(loop) / per_thread,
             "parts": [len(p) / per_thread for p in parts], "ops": ops,
             "pipes_per_element": {k: v / per_thread for k, v in sorted(pipes.items())}}
