@@ -61,7 +61,6 @@ from pallas_kernels.gemm_config import (
     LARGE_CONFIG,
     MAX_PADDED_M,
     PIPELINED_CONFIG,
-    MatmulDimension,
     SkinnyConfig,
     TuningConfig,
     default_config,
@@ -358,16 +357,18 @@ def main(argv: list[str] | None = None) -> None:
 
 def _sweep_configs() -> dict[tuple[int, int, int], list]:
     """(M, N, K) -> the tuning configs `_sweep` times there (for choosing the defaults):
-    the pipelined mainloop's pipeline depth, tile order and decoded buffers at 8192³ and
-    4096³. (The skinny kernel's configs: `gemm_skinny_bench`'s ``--sweep``.)"""
+    the pipelined mainloop's pipeline depth, decoded buffers and rhs decoder warpgroup
+    (with its register budgets) at 8192³ and 4096³. (The skinny kernel's configs:
+    `gemm_skinny_bench`'s ``--sweep``.)"""
+    replace = functools.partial(dataclasses.replace, PIPELINED_CONFIG)
     big = [
         PIPELINED_CONFIG,
-        dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=2),
-        dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=4),
-        dataclasses.replace(PIPELINED_CONFIG, grid_tile_width=16),
-        dataclasses.replace(PIPELINED_CONFIG, grid_minor_dim=MatmulDimension.M),
-        dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2),
-        dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2, max_concurrent_steps=4),
+        replace(max_concurrent_steps=4),
+        replace(decoded_slots=3),
+        replace(rhs_decoder_registers=40),
+        replace(rhs_decoder_registers=56),
+        replace(rhs_decoder_registers=40, decoded_slots=3),
+        replace(rhs_decoder_registers=40, max_concurrent_steps=4),
         LARGE_CONFIG,
     ]
     return {(8192, 8192, 8192): big, (4096, 4096, 4096): big}

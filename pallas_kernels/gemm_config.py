@@ -71,6 +71,11 @@ class TuningConfig:
         knows from the previous substep's barrier that the buffer's last readers are
         done) or 2 (32 KB less shared memory, and each substep's buffer is a constant:
         a release barrier per buffer instead of the slot arithmetic).
+      rhs_decoder_registers: None (default): the pipelined mainloop's consumer
+        warpgroups decode the rhs; a number: a fourth warpgroup with that many
+        registers per thread decodes the whole rhs tile into the decoded buffers, and
+        the consumers only decode their lhs rows and multiply
+        (`gemm_skeleton.RegisterBudget.with_decoder` splits the register file).
     """
 
     tile_m: int = 128
@@ -88,6 +93,7 @@ class TuningConfig:
     decode: str = "subnormal"
     mainloop: str = "serial"
     decoded_slots: int = 3
+    rhs_decoder_registers: int | None = None
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
@@ -108,6 +114,13 @@ class TuningConfig:
         if self.decoded_slots != 3 and self.mainloop != "pipelined":
             raise ValueError(f"decoded_slots={self.decoded_slots} applies to "
                              "mainloop='pipelined' only")
+        if self.rhs_decoder_registers is not None:
+            if self.mainloop != "pipelined":
+                raise ValueError("rhs_decoder_registers applies to mainloop='pipelined' only")
+            r = self.rhs_decoder_registers
+            if r % 8 or not 24 <= r <= 128:
+                raise ValueError(f"rhs_decoder_registers={r} must be a multiple of 8 in "
+                                 "[24, 128]")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:

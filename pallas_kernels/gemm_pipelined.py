@@ -58,6 +58,19 @@ Why this shape (arithmetic per 64-wide substep of a 128×256 CTA tile, H200, one
 * SMEM: 3 stages × 30 KB + 3 decoded buffers × 32 KB + the epilogue's 32 KB (two 64×64
   slices per warpgroup in BF16, one in float32) = 218 KB of the 227 KB.
 
+A decoder warpgroup (``TuningConfig.rhs_decoder_registers``, not the default until
+measured): a fourth warpgroup decodes the whole rhs tile of each substep into the decoded
+buffers (both halves, the same per-thread layouts), arrives on the buffer's barrier
+(one arrival), and before reusing a buffer waits on its release barrier, which each
+consumer arrives on once ``wgmma_wait(1)`` has retired its read. The consumers then only
+decode their lhs rows (156 of the 498 decode instructions per warp and 128-K stage in
+the eighth session's SASS) before each ``wgmma``; the rhs decode (342 per consumer warp,
+684 per decoder warp) runs beside them in a warpgroup of its own, with the registers the
+producer and the consumers leave (`gemm_skeleton.RegisterBudget.with_decoder`: 40 →
+consumers 216). Why it may pay: the consumers' loop is latency-bound, not pipe-bound
+(issue slots 40% busy), and the decode before each ``wgmma`` delays its issue; a
+decoder with its own warps overlaps it with the multiply instead.
+
 So the decode fits under the tensor-core time with margin on every pipe, provided it
 overlaps the MMA, which step 3 arranges; ptxas keeps that overlap only with the register
 budgets set once per role (`gemm_skeleton.role_pipeline`: under a per-tile
@@ -102,80 +115,132 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             cfg: TuningConfig, interpret: bool):
     """The pipelined mainloop in `gemm_skeleton.persistent_gemm` (``gmem``: its refs, the
     rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``;
-    ``b_free``: the release barriers of ``cfg.decoded_slots == 2``)."""
+    ``b_free``: the decoded buffers' release barriers, with ``cfg.decoded_slots == 2``
+    or a decoder warpgroup)."""
     a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
     k_iters = p.k // cfg.k_splits // cfg.tile_k
     substeps = cfg.tile_k // TILE_K
-    two_slots = cfg.decoded_slots == 2
+    slots = cfg.decoded_slots
+    has_decoder = cfg.rhs_decoder_registers is not None
+
+    def step_of(info, k, h):
+        """The CTA's flat substep count (tiles × K steps × substeps)."""
+        return (info.local_index * k_iters + k) * substeps + h
+
+    def slot_of(step, h):
+        # Two buffers: substep h of a stage always uses buffer h % 2 (a stage has an even
+        # number of substeps), a constant address.
+        return h % 2 if slots == 2 else lax.rem(step, slots)
+
+    def decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec):
+        """Decodes half ``half`` (128 columns) of substep ``h``'s rhs tile into ``b_dec``."""
+        kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)  # packed rows or bytes
+        kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)  # scale blocks
+        cols = pl.ds(half * HALF_N, HALF_N)
+        if p.rhs_cols:
+            pd.decode_b(b_op,
+                        rhs_smem.at[pl.ds(half * (HALF_N // 2), HALF_N // 2),
+                                    pl.ds(h * TILE_K, TILE_K)],
+                        rhs_s_smem.at[kb, pl.ds(half * (HALF_N // BLOCK), HALF_N // BLOCK)],
+                        b_dec.at[cols], interpret=interpret)
+        else:
+            pd.decode_b(b_op, rhs_smem.at[kp, cols], rhs_s_smem.at[kb, cols],
+                        b_dec.at[:, cols], interpret=interpret)
+
+    def decode_lhs(wg, h, lhs_smem, lhs_s_smem):
+        wg_rows = pl.ds(wg * WG_M, WG_M)
+        kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)
+        kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)
+        codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
+        return pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
+
+    def multiply(wg, acc_ref, a, slot):
+        """Issues the substep's wgmma and waits for the previous substep's."""
+        if interpret:  # interpret-mode wgmma takes SMEM operands only
+            a_smem.at[wg][...] = a
+            a = a_smem.at[wg]
+        b_dec = b_dec_smem.at[slot]
+        plgpu.wgmma(acc_ref, a, b_dec.T if p.rhs_cols else b_dec)
+        plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
+
+    def acquire(step, slot):
+        """Waits until the buffer's last readers, both consumers' wgmma of substep
+        ``step - slots``, are done (its first use waits for nothing)."""
+        @pl.when(step >= slots)
+        def _():
+            plgpu.barrier_wait(b_free.at[slot])
+
+    def release_previous(step, h):
+        """This warpgroup's wgmma of substep ``step - 1`` has retired: its buffer is free
+        for the writers (who wait for both consumers)."""
+        @pl.when(step >= 1)
+        def _():
+            plgpu.barrier_arrive(b_free.at[slot_of(step - 1, h - 1)])
 
     def mainloop(wg):
-        wg_rows = pl.ds(wg * WG_M, WG_M)
-        wg_half = pl.ds(wg * HALF_N, HALF_N)
-
         def tile(info):
             def mma_body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref):
                 # Each substep's A is a separate set of registers: the wgmma of the
                 # previous substep still reads its own while this one is decoded.
                 for h in range(substeps):
-                    step = (info.local_index * k_iters + idx[0]) * substeps + h
-                    # Two buffers: substep h of a stage always uses buffer h % 2 (a stage
-                    # has an even number of substeps), a constant address.
-                    slot = h % 2 if two_slots else lax.rem(step, cfg.decoded_slots)
-                    kp = pl.ds(h * (TILE_K // 2), TILE_K // 2)  # packed rows or bytes
-                    kb = pl.ds(h * (TILE_K // BLOCK), TILE_K // BLOCK)  # scale blocks
-                    codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
-                    a = pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
+                    step = step_of(info, idx[0], h)
+                    slot = slot_of(step, h)
+                    a = decode_lhs(wg, h, lhs_smem, lhs_s_smem)
+                    if has_decoder:
+                        plgpu.barrier_wait(b_full.at[slot])  # the decoder's whole tile
+                        multiply(wg, acc_ref, a, slot)
+                        release_previous(step, h)
+                        continue
                     b_dec = b_dec_smem.at[slot]
-                    if two_slots:
-                        _acquire(step, slot)
-                    if p.rhs_cols:
-                        pd.decode_b(
-                            b_op,
-                            rhs_smem.at[pl.ds(wg * (HALF_N // 2), HALF_N // 2),
-                                        pl.ds(h * TILE_K, TILE_K)],
-                            rhs_s_smem.at[kb, pl.ds(wg * (HALF_N // BLOCK), HALF_N // BLOCK)],
-                            b_dec.at[wg_half], interpret=interpret)
-                        b_ref = b_dec.T
-                    else:
-                        pd.decode_b(b_op, rhs_smem.at[kp, wg_half], rhs_s_smem.at[kb, wg_half],
-                                    b_dec.at[:, wg_half], interpret=interpret)
-                        b_ref = b_dec
+                    if slots == 2:
+                        acquire(step, slot)
+                    decode_rhs_half(wg, h, rhs_smem, rhs_s_smem, b_dec)
                     plgpu.commit_smem()  # this thread's stores, visible to the async proxy
                     plgpu.barrier_arrive(b_full.at[slot])
                     plgpu.barrier_wait(b_full.at[slot])  # the other warpgroup's half
-                    if interpret:  # interpret-mode wgmma takes SMEM operands only
-                        a_smem.at[wg][...] = a
-                        a = a_smem.at[wg]
-                    plgpu.wgmma(acc_ref, a, b_ref)
-                    plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
-                    if two_slots:
-                        _release(step, 1 - slot)
+                    multiply(wg, acc_ref, a, slot)
+                    if slots == 2:
+                        release_previous(step, h)
+                        _observe_last_release(step, h)
                 return acc_ref
 
-            def _acquire(step, slot):
-                """Waits until the buffer's last readers, both warpgroups' wgmma of substep
-                ``step - 2``, are done."""
-                @pl.when(step >= 2)
-                def _():
-                    plgpu.barrier_wait(b_free.at[slot])
-
-            def _release(step, prev_slot):
-                """This warpgroup no longer reads the previous substep's buffer; after the
-                CTA's last substep, observe that last release (no phase left unseen)."""
-                @pl.when(step >= 1)
-                def _():
-                    plgpu.barrier_arrive(b_free.at[prev_slot])
-
+            def _observe_last_release(step, h):
+                """After the CTA's last substep, observe its last release (no phase left
+                unseen)."""
                 @pl.when(step == info.num_local_steps * k_iters * substeps - 1)
                 def _():
-                    plgpu.barrier_wait(b_free.at[prev_slot])
+                    plgpu.barrier_wait(b_free.at[slot_of(step - 1, h - 1)])
 
             store = None
             if p.lhs_cols:  # A rows permuted: the slices are renamed back
                 def store(part, ref):
                     pd.store_output(a_op, part, ref, interpret=interpret)
-            return sk.TileMainloop(mma_body, (wg_rows, slice(None)), store)
+            return sk.TileMainloop(mma_body, (pl.ds(wg * WG_M, WG_M), slice(None)), store)
         return tile
+
+    def decoder_tile(info):
+        """The decoder warpgroup: per substep, waits until both consumers' wgmma of the
+        buffer's previous use retired, decodes the whole rhs tile into it and signals."""
+        total = info.num_local_steps * k_iters * substeps
+
+        def body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref=None):
+            del lhs_smem, lhs_s_smem, acc_ref
+            for h in range(substeps):
+                step = step_of(info, idx[0], h)
+                slot = slot_of(step, h)
+                acquire(step, slot)
+                for half in range(2):
+                    decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec_smem.at[slot])
+                plgpu.commit_smem()  # this thread's stores, visible to the async proxy
+                plgpu.barrier_arrive(b_full.at[slot])
+
+            # After the CTA's last substep, observe the releases not yet waited for.
+            @pl.when(step_of(info, idx[0], substeps - 1) == total - 1)
+            def _drain():
+                @pl.loop(jnp.maximum(total - slots, 0), total - 1)
+                def _(s):
+                    plgpu.barrier_wait(b_free.at[lax.rem(s, slots)])
+        return body
 
     # Swizzles follow the per-warpgroup and per-substep slices, so they stay whole tiles.
     sk.persistent_gemm(
@@ -184,7 +249,14 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                         else swizzled(TILE_K // 2, 8, "lhs")),
         rhs_transforms=(swizzled(TILE_K, 8, "rhs") if p.rhs_cols
                         else swizzled(HALF_N, 8, "rhs")),
-        rhs_scale_tiles=True, mainloop=mainloop)
+        rhs_scale_tiles=True, mainloop=mainloop,
+        decoder=decoder_tile if has_decoder else None, registers=_registers(cfg))
+
+
+def _registers(cfg: TuningConfig) -> sk.RegisterBudget:
+    if cfg.rhs_decoder_registers is None:
+        return sk.RegisterBudget()
+    return sk.RegisterBudget.with_decoder(cfg.rhs_decoder_registers)
 
 
 SMEM_BYTES = 227 * 1024
@@ -230,6 +302,7 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     if cfg.mainloop != "pipelined":
         raise ValueError(f"the pipelined kernel needs mainloop='pipelined', got {cfg.mainloop!r}")
     bits = jnp.dtype(sk.output_type(p, cfg).dtype).itemsize * 8
+    registers = _registers(cfg)
     bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
     b_shape = (cfg.cta_tile_n, TILE_K) if p.rhs_cols else (TILE_K, cfg.cta_tile_n)
     a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
@@ -237,14 +310,17 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
         "b_dec_smem": plgpu.SMEM((cfg.decoded_slots, *b_shape), jnp.bfloat16,
                                  transforms=bf16_tf),
-        "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=cfg.decoded_slots),
+        # Both consumers' halves, or the decoder warpgroup's whole tile.
+        "b_full": plgpu.Barrier(num_arrivals=1 if registers.decoder else 2,
+                                num_barriers=cfg.decoded_slots),
     }
-    if cfg.decoded_slots == 2:
-        scratch["b_free"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
+    if cfg.decoded_slots == 2 or registers.decoder:
+        scratch["b_free"] = plgpu.Barrier(num_arrivals=2, num_barriers=cfg.decoded_slots)
     # Without Pallas' automatic barriers (unless cfg.auto_barriers): the decoded buffers
     # are ordered by their barrier (each thread fences its stores first); the epilogue
     # places its own barriers.
     return sk.call_gemm(functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
                         (lhs_d, lhs_s, rhs_d, rhs_s, out_scale), p, cfg, interpret,
                         kernel_name="fp4jax_gemm_pipelined", scratch=scratch,
-                        max_out_slots=_out_slots_that_fit(p, cfg, bits))
+                        max_out_slots=_out_slots_that_fit(p, cfg, bits),
+                        warpgroups=registers.warpgroups)

@@ -67,11 +67,12 @@ class Problem:
 def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
            out_type: jax.ShapeDtypeStruct, num_tiles: int, num_ctas: int | None,
            kernel_name: str, scratch: dict[str, Any], interpret: bool,
-           no_auto_barriers: bool = False) -> jax.Array:
+           no_auto_barriers: bool = False, warpgroups: int = 3) -> jax.Array:
     """Runs ``body(*operand_refs, out_ref, **scratch_refs)`` on ``operands`` as a
-    persistent kernel: 3 warpgroups per CTA (axis ``"wg"``), ``num_ctas`` CTAs (default
-    one per SM) but at most one per tile (axis ``"sm"``); ``no_auto_barriers`` drops
-    Pallas' automatic barriers (the body must place its own)."""
+    persistent kernel: ``warpgroups`` warpgroups per CTA (axis ``"wg"``; 3: two
+    consumers and the producer, 4 with a decoder, `RegisterBudget`), ``num_ctas`` CTAs
+    (default one per SM) but at most one per tile (axis ``"sm"``); ``no_auto_barriers``
+    drops Pallas' automatic barriers (the body must place its own)."""
     grid = tp.grid_size(num_tiles, num_ctas=num_ctas, ctas_per_sm=1, interpret=interpret)
     kernel = plgpu.kernel(
         body,
@@ -79,7 +80,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
         grid=(grid,),
         grid_names=("sm",),
         kernel_name=kernel_name,
-        num_threads=3,
+        num_threads=warpgroups,
         thread_name="wg",
         scratch_types=scratch,
         compiler_params=tp.lane_params(unsafe_no_auto_barriers=no_auto_barriers),
@@ -93,6 +94,44 @@ MEMORY_REGISTERS = 40
 warpgroups get the rest of the 64K register file: (512 − 40) / 2 → 232 per thread."""
 CONSUMER_REGISTERS = (512 - MEMORY_REGISTERS) // 2 // 8 * 8
 NUM_CONSUMERS = 2
+PRODUCER = NUM_CONSUMERS
+"""The producer's warpgroup index (the consumers are 0 and 1, a decoder is 3)."""
+DECODER = NUM_CONSUMERS + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterBudget:
+    """Registers per thread of each role (``setmaxnreg``; multiples of 8, 24 to 256) that
+    together fill the 64K register file.
+
+    Attributes:
+      consumers: each of the two consumer warpgroups.
+      producer: the TMA producer warpgroup.
+      decoder: a fourth warpgroup that only decodes (None: none).
+    """
+
+    consumers: int = CONSUMER_REGISTERS
+    producer: int = MEMORY_REGISTERS
+    decoder: int | None = None
+
+    def __post_init__(self):
+        roles = [self.consumers, self.producer] + ([] if self.decoder is None else [self.decoder])
+        if any(r % 8 or not 24 <= r <= 256 for r in roles):
+            raise ValueError(f"register budgets must be multiples of 8 in [24, 256], got {self}")
+        if 128 * (NUM_CONSUMERS * self.consumers + sum(roles[1:])) > 65536:
+            raise ValueError(f"{self} needs more than the 65536 registers of an SM")
+
+    @property
+    def warpgroups(self) -> int:
+        """Warpgroups per CTA."""
+        return NUM_CONSUMERS + 1 + (self.decoder is not None)
+
+    @classmethod
+    def with_decoder(cls, decoder: int) -> RegisterBudget:
+        """The producer's `MEMORY_REGISTERS`, a decoder of ``decoder`` registers and the
+        consumers the rest."""
+        rest = 512 - MEMORY_REGISTERS - decoder
+        return cls(consumers=rest // NUM_CONSUMERS // 8 * 8, decoder=decoder)
 
 RunK = Callable[[Callable[..., Any], Any], None]
 """``run_k(mma_body, acc_ref)``: one output tile's K loop in a consumer warpgroup; per K
@@ -108,8 +147,9 @@ def _block(spec: plgpu.BlockSpec, k: jax.Array) -> tuple[Any, ...]:
 def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   stages: int, k_steps: int, num_tiles: int,
                   tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
-                  consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]]
-                  ) -> None:
+                  consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
+                  decoder: Callable[[plgpu.NDLoopInfo, RunK], None] | None = None,
+                  registers: RegisterBudget = RegisterBudget()) -> None:
     """The warp-specialized, persistent K pipeline of every GEMM kernel here.
 
     The producer warpgroup (``wg == NUM_CONSUMERS``) and the consumer warpgroups each
@@ -135,7 +175,9 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     returned, which must therefore have finished reading the stage's buffers (its own
     ``wgmma`` waits, or ``wgmma`` operands decoded elsewhere). The producer waits for
     ``empty`` before it reuses a slot. Phases follow from every thread waiting on each of
-    its barriers once per use, in order.
+    its barriers once per use, in order. A ``decoder`` warpgroup (``wg == DECODER``) runs
+    ``decoder(info, run_k)`` per tile through the same stages, and ``empty`` then waits
+    for its arrival too (its body must have finished reading the stage's buffers).
 
     Args:
       in_specs: per operand, the block of one K step (``index_map(k)``) and its SMEM
@@ -147,18 +189,33 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       tile_operands: the GMEM refs of one tile's operands (``k_steps`` blocks each).
       consumer: ``consumer(wg)`` runs once per consumer warpgroup before its tile loop
         and returns the per-tile function.
+      decoder: the per-tile function of a fourth warpgroup (None: none); ``run_k``
+        passes its body ``acc_ref=None``.
+      registers: the roles' register budgets (with a decoder: ``registers.decoder``).
     """
+    if (decoder is None) != (registers.decoder is None):
+        raise ValueError("a decoder warpgroup needs registers.decoder, and only it")
     # A configuration's SMEM budget counts at most one tile's K steps in flight.
     stages = min(stages, k_steps)
     smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
             for spec, dtype in zip(in_specs, dtypes)]
 
+    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty) -> RunK:
+        def run_k(body, acc_ref):
+            @pl.loop(0, k_steps)
+            def _k(k):
+                slot = lax.rem(info.local_index * k_steps + k, stages)
+                plgpu.barrier_wait(full.at[slot])
+                body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
+                plgpu.barrier_arrive(empty.at[slot])
+        return run_k
+
     def scope(*bufs, full, empty):
         wg = lax.axis_index("wg")
 
-        @pl.when(wg == NUM_CONSUMERS)
+        @pl.when(wg == PRODUCER)
         def _producer():
-            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+            plgpu.set_max_registers(registers.producer, action="decrease")
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
@@ -187,26 +244,29 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                     def _(step):
                         plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
 
+        if decoder is not None:
+            @pl.when(wg == DECODER)
+            def _decoder():
+                # Below the launch's share (128 of 512 threads' 64K): a decrease.
+                plgpu.set_max_registers(registers.decoder, action="decrease")
+
+                @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+                def _tile(info: plgpu.NDLoopInfo):
+                    decoder(info, run_k_of(info, bufs, full, empty))
+
         @pl.when(wg < NUM_CONSUMERS)
         def _consumers():
-            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            plgpu.set_max_registers(registers.consumers, action="increase")
             per_tile = consumer(wg)
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
-                def run_k(mma_body, acc_ref):
-                    @pl.loop(0, k_steps)
-                    def _k(k):
-                        slot = lax.rem(info.local_index * k_steps + k, stages)
-                        plgpu.barrier_wait(full.at[slot])
-                        mma_body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
-                        plgpu.barrier_arrive(empty.at[slot])
+                per_tile(info, run_k_of(info, bufs, full, empty))
 
-                per_tile(info, run_k)
-
+    readers = NUM_CONSUMERS + (decoder is not None)
     pl.run_scoped(scope, *smem,
                   full=plgpu.Barrier(num_arrivals=len(in_specs), num_barriers=stages),
-                  empty=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
+                  empty=plgpu.Barrier(num_arrivals=readers, num_barriers=stages),
                   collective_axes="wg")
 
 
@@ -234,7 +294,9 @@ Mainloop = Callable[[jax.Array], Callable[[plgpu.NDLoopInfo], TileMainloop]]
 
 def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningConfig, *,
                     lhs_transforms: tuple[Any, ...], rhs_transforms: tuple[Any, ...],
-                    rhs_scale_tiles: bool, mainloop: Mainloop) -> None:
+                    rhs_scale_tiles: bool, mainloop: Mainloop,
+                    decoder: Callable[[plgpu.NDLoopInfo], Callable[..., Any]] | None = None,
+                    registers: RegisterBudget = RegisterBudget()) -> None:
     """One persistent CTA: loops over output tiles, pipelines packed K-tiles, stores.
 
     Args:
@@ -253,6 +315,10 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
       rhs_transforms: those of the rhs codes.
       rhs_scale_tiles: an rhs stored (N/2, K) comes with one factor per 16×16 tile.
       mainloop: the decode and ``wgmma`` of each K step (`Mainloop`).
+      decoder: a decoder warpgroup's per-tile function (`role_pipeline`): returns the
+        body of one K step, ``(idx, lhs_smem, lhs_scales_smem, rhs_smem,
+        rhs_scales_smem, acc_ref=None)``; None: no decoder.
+      registers: the roles' register budgets.
     """
     lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem, out_gmem = gmem
     tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
@@ -333,11 +399,15 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
                                work.store)
         return per_tile
 
+    def decoder_tile(info: plgpu.NDLoopInfo, run_k: RunK):
+        run_k(decoder(info), None)
+
     role_pipeline(in_specs, [g.dtype for g in (lhs_gmem, lhs_scales_gmem, rhs_gmem,
                                                rhs_scales_gmem)],
                   stages=cfg.max_concurrent_steps, k_steps=k_per_split // tk,
                   num_tiles=p.batch * cfg.k_splits * m_iters * n_iters,
-                  tile_operands=tile_operands, consumer=consumer)
+                  tile_operands=tile_operands, consumer=consumer,
+                  decoder=None if decoder is None else decoder_tile, registers=registers)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
@@ -379,7 +449,8 @@ def output_type(p: Problem, cfg: TuningConfig) -> jax.ShapeDtypeStruct:
 
 def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Problem,
               cfg: TuningConfig, interpret: bool, *, kernel_name: str,
-              scratch: dict[str, Any], max_out_slots: int = 2) -> jax.Array:
+              scratch: dict[str, Any], max_out_slots: int = 2,
+              warpgroups: int = 3) -> jax.Array:
     """Launches a `persistent_gemm` kernel ``body(*gmem, out_smem=, **scratch)``.
 
     Args:
@@ -392,6 +463,7 @@ def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Probl
       kernel_name: the kernel's name (in profiles and dumps).
       scratch: the mainloop's shared-memory buffers and barriers.
       max_out_slots: a cap on the epilogue slots (shared-memory budget).
+      warpgroups: per CTA (`RegisterBudget.warpgroups`).
 
     Returns:
       `output_type`.
@@ -408,4 +480,4 @@ def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Probl
     return launch(body, operands, out_type=out_type, num_tiles=num_tiles,
                   num_ctas=cfg.num_sms, kernel_name=kernel_name,
                   scratch={"out_smem": out_smem, **scratch}, interpret=interpret,
-                  no_auto_barriers=not cfg.auto_barriers)
+                  no_auto_barriers=not cfg.auto_barriers, warpgroups=warpgroups)

@@ -226,6 +226,10 @@ def test_config_validation():
         dataclasses.replace(PIPELINED_CONFIG, decoded_slots=4)
     with pytest.raises(ValueError, match="applies to mainloop='pipelined' only"):
         TuningConfig(decoded_slots=2)
+    with pytest.raises(ValueError, match="rhs_decoder_registers applies to"):
+        TuningConfig(rhs_decoder_registers=40)
+    with pytest.raises(ValueError, match="rhs_decoder_registers=44 must be a multiple of 8"):
+        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=44)
 
 
 # ----------------------------------------------------------------------------------------
@@ -237,16 +241,21 @@ def _cfg(**kw):
 
 
 # name -> (layout, (m, n, k), exact inputs, preferred_element_type, config). One CTA walks
-# two output tiles of 4 K steps each, so the 3 decoded buffers wrap around across tiles;
-# exact-sum data, so the results must be bitwise the reference's.
+# two output tiles of 4 K steps each, so the decoded buffers (two, with their release
+# barriers: the default) wrap around across tiles; exact-sum data, so the results must be
+# bitwise the reference's.
 INTERPRET_CASES = {
     "fprop_exact": ("fprop", (256, 256, 256), True, "float32", _cfg()),
     "dgrad_exact_bf16": ("dgrad", (256, 256, 256), True, "bfloat16", _cfg()),
     "wgrad_exact": ("wgrad", (256, 256, 256), True, "float32", _cfg()),
-    # Two decoded buffers and their release barriers, across tiles.
-    "fprop_two_slots": ("fprop", (256, 256, 256), True, "float32", _cfg(decoded_slots=2)),
-    "dgrad_two_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
-                             _cfg(decoded_slots=2)),
+    # Three decoded buffers and no release barrier, across tiles.
+    "fprop_three_slots": ("fprop", (256, 256, 256), True, "float32", _cfg(decoded_slots=3)),
+    # A decoder warpgroup for the rhs, with two and three buffers, across tiles.
+    "fprop_decoder": ("fprop", (256, 256, 256), True, "float32",
+                      _cfg(rhs_decoder_registers=40)),
+    "dgrad_decoder_three_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
+                                       _cfg(rhs_decoder_registers=40, decoded_slots=3)),
+    "wgrad_decoder": ("wgrad", (256, 256, 256), True, "float32", _cfg(rhs_decoder_registers=56)),
 }
 
 
@@ -265,11 +274,13 @@ def test_interpret_matches_reference(name):
 @pytest.mark.parametrize("layout", ["fprop", "dgrad", "wgrad"])
 def test_lowers_for_cuda(layout):
     """8192³ (float32 output: the largest epilogue buffer) and 4096³ (bfloat16) lower for
-    CUDA on this host; with two decoded buffers too, and then with a fourth TMA stage in
-    the shared memory they free."""
-    two = dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2)
+    CUDA on this host; with a fourth TMA stage in the shared memory two decoded buffers
+    free, with three buffers, and with a decoder warpgroup."""
     cases = [(8192, jnp.float32, PIPELINED_CONFIG), (4096, jnp.bfloat16, PIPELINED_CONFIG),
-             (8192, jnp.float32, dataclasses.replace(two, max_concurrent_steps=4))]
+             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=4)),
+             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3)),
+             (8192, jnp.bfloat16, dataclasses.replace(PIPELINED_CONFIG,
+                                                      rhs_decoder_registers=40))]
     for size, dtype, cfg in cases:
         lhs, rhs, kw = abstract_layout_operands(layout, size, size, size)
         f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype,
@@ -316,9 +327,14 @@ def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
 @pytest.mark.parametrize("cfg", [dataclasses.replace(PIPELINED_CONFIG, k_splits=2),
                                  dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=3),
                                  dataclasses.replace(PIPELINED_CONFIG, num_sms=7),
-                                 dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2),
-                                 dataclasses.replace(PIPELINED_CONFIG, decoded_slots=2,
-                                                     max_concurrent_steps=4, num_sms=5)])
+                                 dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3),
+                                 dataclasses.replace(PIPELINED_CONFIG,
+                                                     max_concurrent_steps=4, num_sms=5),
+                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40),
+                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=56,
+                                                     decoded_slots=3, num_sms=5),
+                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
+                                                     k_splits=2)])
 def test_gpu_configs(cfg):
     lhs, rhs, kw = layout_operands("dgrad", 512, 512, 1024, seed=3)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), jax.jit(ref_matmul)(lhs, rhs))

@@ -86,3 +86,24 @@ def test_consumer_registers_fill_the_register_file():
     assert total <= 65536
     assert sk.CONSUMER_REGISTERS % 8 == 0 and sk.MEMORY_REGISTERS % 8 == 0
     assert 128 * (sk.MEMORY_REGISTERS + sk.NUM_CONSUMERS * (sk.CONSUMER_REGISTERS + 8)) > 65536
+
+
+def test_register_budget_with_a_decoder_fills_the_register_file():
+    """With a decoder warpgroup (512 threads), the consumers get what the producer's and
+    the decoder's budgets leave, in steps of 8, and no more; a budget over the register
+    file, a consumer count of registers off the 8-grid, or a decoder without its budget
+    is refused."""
+    for decoder in (24, 40, 56, 72):
+        b = sk.RegisterBudget.with_decoder(decoder)
+        assert b.warpgroups == 4 and b.consumers % 8 == 0
+        assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * b.consumers) <= 65536
+        assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * (b.consumers + 8)) > 65536
+    assert sk.RegisterBudget.with_decoder(40).consumers == 216
+    assert sk.RegisterBudget().warpgroups == 3
+    with pytest.raises(ValueError, match="more than the 65536 registers"):
+        sk.RegisterBudget(consumers=232, decoder=40)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        sk.RegisterBudget(consumers=220)
+    with pytest.raises(ValueError, match="needs registers.decoder"):
+        sk.role_pipeline([], [], stages=1, k_steps=1, num_tiles=1, tile_operands=None,
+                         consumer=None, decoder=lambda info, run_k: None)
