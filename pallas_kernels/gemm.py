@@ -367,6 +367,7 @@ def _sweep_configs() -> dict[tuple[int, int, int], list]:
         replace(decoded_slots=3),
         replace(rhs_decoder_registers=40),
         replace(rhs_decoder_registers=56),
+        replace(rhs_decoder_registers=72),
         replace(rhs_decoder_registers=40, decoded_slots=3),
         replace(rhs_decoder_registers=40, max_concurrent_steps=4),
         LARGE_CONFIG,
