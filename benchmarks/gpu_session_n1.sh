@@ -6,15 +6,16 @@
 # 2. the general kernel's sweep at 8192^3 (decoder with 40/56/72 registers, 2 or 3 buffers,
 #    4 stages), dumping every kernel's PTX;
 # 3. ptxas -v on each dumped PTX: spills and the C75xx notes (wgmma serialization) that
-#    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host.
+#    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host;
+# 4. Nsight Compute of the decoder kernel (56 registers) at 8192^3: tensor pipe, issue, stalls.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH=$PATH:/usr/local/cuda/bin
 FINAL=$OUT; L=/tmp/logs; mkdir -p $L; D=/tmp/ptx; mkdir -p $D
 save() { tar czf $FINAL/logs.tgz -C $L .; }
-timeout 150 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
+timeout 140 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
   > $L/test_pipelined_configs.log 2>&1
 echo "pipelined config GPU tests rc=$?"; tail -3 $L/test_pipelined_configs.log; save
-MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$D timeout 260 python3 -c "
+MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$D timeout 240 python3 -c "
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
 gemm._sweep(quantize, shapes=[(8192, 8192, 8192)])" > $L/sweep_general.log 2>&1
@@ -24,3 +25,9 @@ for p in $D/fp4jax_gemm_pipelined*.ptx; do
   timeout 30 ptxas -arch=sm_90a -v "$p" -o /tmp/$b.cubin > $L/$b.ptxas_stderr.txt 2>&1
   echo "== $b: $(grep -h 'C75\|Used\|spill' $L/$b.ptxas_stderr.txt | tr '\n' ' ' | cut -c1-300)"
 done; save
+NCU="ncu --clock-control none --profile-from-start off"
+timeout 90 $NCU -k regex:gemm_pipelined -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+  --section WarpStateStats --section InstructionStats --csv --page details \
+  --log-file $L/ncu_decoder_details.csv python3 benchmarks/profile_kernels.py --cases gemm_pallas_decoder \
+  > $L/ncu_decoder_details.log 2>&1
+echo "ncu decoder rc=$?"; grep -i "Duration\|Tensor\|Issue Slots\|Executed Ipc" $L/ncu_decoder_details.csv | cut -c1-220 | head; save
