@@ -368,8 +368,9 @@ def _sweep_configs() -> dict[tuple[int, int, int], list]:
         replace(rhs_decoder_registers=40),
         replace(rhs_decoder_registers=56),
         replace(rhs_decoder_registers=72),
-        replace(rhs_decoder_registers=40, decoded_slots=3),
-        replace(rhs_decoder_registers=40, max_concurrent_steps=4),
+        replace(rhs_decoder_registers=88),
+        replace(rhs_decoder_registers=56, decoded_slots=3),
+        replace(rhs_decoder_registers=56, max_concurrent_steps=4),
         LARGE_CONFIG,
     ]
     return {(8192, 8192, 8192): big, (4096, 4096, 4096): big}
