@@ -208,6 +208,11 @@ class SkinnyConfig:
       k_substeps: decode and multiply each step's tile in this many parts along K
         (``tile_k / k_substeps`` a multiple of 64), issuing each part's ``wgmma``
         before decoding the next, so the tensor cores overlap the decode.
+      overlap_steps: also across steps: a step waits only for its earlier parts'
+        ``wgmma`` (``wgmma_wait(1)``) and releases its stage one step late
+        (`gemm_skeleton.role_pipeline`'s ``delay_release``), so the next step's first
+        part decodes while its last part multiplies. Needs ``k_substeps >= 2`` (the
+        next step's first part reuses the registers of a retired ``wgmma``).
     """
 
     tile_k: int = 128
@@ -215,6 +220,7 @@ class SkinnyConfig:
     k_splits: int = 4
     num_sms: int | None = None
     k_substeps: int = 1
+    overlap_steps: bool = False
 
     def __post_init__(self):
         if self.tile_k <= 0 or self.tile_k % 128:
@@ -228,6 +234,8 @@ class SkinnyConfig:
         if self.k_substeps < 1 or self.tile_k % (64 * self.k_substeps):
             raise ValueError(f"tile_k={self.tile_k} must be a multiple of 64·k_substeps "
                              f"(k_substeps={self.k_substeps})")
+        if self.overlap_steps and self.k_substeps < 2:
+            raise ValueError(f"overlap_steps needs k_substeps >= 2, got {self.k_substeps}")
 
     @property
     def cta_tile_m(self) -> int:

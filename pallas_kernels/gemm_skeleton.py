@@ -149,7 +149,8 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
                   consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
                   decoder: Callable[[plgpu.NDLoopInfo, RunK], None] | None = None,
-                  registers: RegisterBudget = RegisterBudget()) -> None:
+                  registers: RegisterBudget = RegisterBudget(),
+                  delay_release: bool = False) -> None:
     """The warp-specialized, persistent K pipeline of every GEMM kernel here.
 
     The producer warpgroup (``wg == NUM_CONSUMERS``) and the consumer warpgroups each
@@ -192,6 +193,10 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       decoder: the per-tile function of a fourth warpgroup (None: none); ``run_k``
         passes its body ``acc_ref=None``.
       registers: the roles' register budgets (with a decoder: ``registers.decoder``).
+      delay_release: the consumers release each stage one K step late, after the next
+        step's body returned, and the last one after ``wgmma_wait(0)``: a body that
+        ends with ``wgmma_wait(1)`` (its last ``wgmma`` may still read the stage) then
+        overlaps that ``wgmma`` with the next step's decode. Needs ``stages >= 2``.
     """
     if (decoder is None) != (registers.decoder is None):
         raise ValueError("a decoder warpgroup needs registers.decoder, and only it")
@@ -200,14 +205,30 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
             for spec, dtype in zip(in_specs, dtypes)]
 
-    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty) -> RunK:
+    if delay_release and stages < 2:
+        raise ValueError(f"delay_release needs at least 2 stages, got {stages}")
+
+    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty, delayed: bool) -> RunK:
+        def slot_of(k):
+            return lax.rem(info.local_index * k_steps + k, stages)
+
         def run_k(body, acc_ref):
             @pl.loop(0, k_steps)
             def _k(k):
-                slot = lax.rem(info.local_index * k_steps + k, stages)
+                slot = slot_of(k)
                 plgpu.barrier_wait(full.at[slot])
                 body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
-                plgpu.barrier_arrive(empty.at[slot])
+                if not delayed:
+                    plgpu.barrier_arrive(empty.at[slot])
+                    return
+
+                @pl.when(k >= 1)
+                def _():
+                    plgpu.barrier_arrive(empty.at[slot_of(k - 1)])
+
+            if delayed:  # the last step's wgmma still reads its stage
+                plgpu.wgmma_wait(0)
+                plgpu.barrier_arrive(empty.at[slot_of(k_steps - 1)])
         return run_k
 
     def scope(*bufs, full, empty):
@@ -252,7 +273,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
 
                 @plgpu.nd_loop((num_tiles,), collective_axes="sm")
                 def _tile(info: plgpu.NDLoopInfo):
-                    decoder(info, run_k_of(info, bufs, full, empty))
+                    decoder(info, run_k_of(info, bufs, full, empty, False))
 
         @pl.when(wg < NUM_CONSUMERS)
         def _consumers():
@@ -261,7 +282,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
-                per_tile(info, run_k_of(info, bufs, full, empty))
+                per_tile(info, run_k_of(info, bufs, full, empty, delay_release))
 
     readers = NUM_CONSUMERS + (decoder is not None)
     pl.run_scoped(scope, *smem,

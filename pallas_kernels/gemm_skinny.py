@@ -144,7 +144,14 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
                     a_smem.at[wg][...] = a
                     a = a_smem.at[wg]
                 plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
-            plgpu.wgmma_wait(0)  # the stage's x tile is wgmma's B: read before release
+                if cfg.overlap_steps:
+                    # Retires the previous part's wgmma: the next part reuses its A
+                    # registers (two parts: a step's part h, the next step's part h).
+                    plgpu.wgmma_wait(1)
+            if not cfg.overlap_steps:
+                plgpu.wgmma_wait(0)  # the stage's x tile is wgmma's B: read before release
+            # (With overlap_steps the release waits a step: the last part's wgmma still
+            # reads the stage.)
             return acc_ref
 
         def per_tile(info: plgpu.NDLoopInfo, run_k: sk.RunK):
@@ -166,7 +173,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
     sk.role_pipeline(in_specs, (w_gmem.dtype, ws_gmem.dtype, x_gmem.dtype),
                      stages=cfg.max_concurrent_steps, k_steps=kps // tk,
                      num_tiles=cfg.k_splits * n_iters, tile_operands=tile_operands,
-                     consumer=consumer)
+                     consumer=consumer, delay_release=cfg.overlap_steps)
 
 
 def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
