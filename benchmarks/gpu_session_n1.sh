@@ -3,7 +3,8 @@
 # first GPU run. A fourth warpgroup decodes the rhs tile; the consumers only decode their
 # lhs rows and multiply (bitwise in interpret mode, lowers for CUDA, never compiled by ptxas).
 # 1. the pipelined kernel's config GPU tests (3 decoder configs among them);
-# 2. the general kernel's sweep at 8192^3 (decoder with 40/56/72/88 registers, 2 or 3 buffers,
+# 2. the general kernel's sweep at 8192^3 (one decoder with 40/56/72/88 registers, two with
+#    40/56, 2 or 3 buffers,
 #    4 stages), dumping every kernel's PTX;
 # 3. ptxas -v on each dumped PTX: spills and the C75xx notes (wgmma serialization) that
 #    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host;

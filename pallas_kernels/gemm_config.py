@@ -76,6 +76,8 @@ class TuningConfig:
         registers per thread decodes the whole rhs tile into the decoded buffers, and
         the consumers only decode their lhs rows and multiply
         (`gemm_skeleton.RegisterBudget.with_decoder` splits the register file).
+      rhs_decoders: with ``rhs_decoder_registers``: 1 (one warpgroup decodes the whole
+        rhs tile) or 2 (each decodes one half), each with that many registers.
     """
 
     tile_m: int = 128
@@ -94,6 +96,7 @@ class TuningConfig:
     mainloop: str = "serial"
     decoded_slots: int = 3
     rhs_decoder_registers: int | None = None
+    rhs_decoders: int = 1
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
@@ -121,6 +124,10 @@ class TuningConfig:
             if r % 8 or not 24 <= r <= 128:
                 raise ValueError(f"rhs_decoder_registers={r} must be a multiple of 8 in "
                                  "[24, 128]")
+        if self.rhs_decoders not in (1, 2):
+            raise ValueError(f"rhs_decoders must be 1 or 2, got {self.rhs_decoders}")
+        if self.rhs_decoders != 1 and self.rhs_decoder_registers is None:
+            raise ValueError("rhs_decoders applies with rhs_decoder_registers only")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:

@@ -67,9 +67,12 @@ decode their lhs rows (156 of the 498 decode instructions per warp and 128-K sta
 the eighth session's SASS) before each ``wgmma``; the rhs decode (342 per consumer warp,
 684 per decoder warp) runs beside them in a warpgroup of its own, with the registers the
 producer and the consumers leave (`gemm_skeleton.RegisterBudget.with_decoder`: 40 →
-consumers 216). Why it may pay: the consumers' loop is latency-bound, not pipe-bound
-(issue slots 40% busy), and the decode before each ``wgmma`` delays its issue; a
-decoder with its own warps overlaps it with the multiply instead.
+consumers 216). With ``rhs_decoders=2`` two such warpgroups decode one half each (the
+split the consumers used), and 40 registers each leave the consumers 192 (the eighth
+session's PTX, consumers' share of the rhs decode included, assembles without spills at
+200). Why it may pay: the consumers' loop is latency-bound, not pipe-bound (issue slots
+40% busy), and the decode before each ``wgmma`` delays its issue; decoders with their
+own warps overlap it with the multiply instead.
 
 So the decode fits under the tensor-core time with margin on every pipe, provided it
 overlaps the MMA, which step 3 arranges; ptxas keeps that overlap only with the register
@@ -218,9 +221,14 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             return sk.TileMainloop(mma_body, (pl.ds(wg * WG_M, WG_M), slice(None)), store)
         return tile
 
-    def decoder_tile(info):
-        """The decoder warpgroup: per substep, waits until both consumers' wgmma of the
-        buffer's previous use retired, decodes the whole rhs tile into it and signals."""
+    def decoder(index: int):
+        """Decoder warpgroup ``index``: per substep, waits until both consumers' wgmma of
+        the buffer's previous use retired, decodes its halves of the rhs tile (both, or
+        half ``index`` of two decoders) into it and arrives."""
+        halves = range(2) if cfg.rhs_decoders == 1 else [index]
+        return functools.partial(decoder_tile, halves)
+
+    def decoder_tile(halves, info):
         total = info.num_local_steps * k_iters * substeps
 
         def body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref=None):
@@ -229,7 +237,7 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                 step = step_of(info, idx[0], h)
                 slot = slot_of(step, h)
                 acquire(step, slot)
-                for half in range(2):
+                for half in halves:
                     decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec_smem.at[slot])
                 plgpu.commit_smem()  # this thread's stores, visible to the async proxy
                 plgpu.barrier_arrive(b_full.at[slot])
@@ -250,13 +258,13 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         rhs_transforms=(swizzled(TILE_K, 8, "rhs") if p.rhs_cols
                         else swizzled(HALF_N, 8, "rhs")),
         rhs_scale_tiles=True, mainloop=mainloop,
-        decoder=decoder_tile if has_decoder else None, registers=_registers(cfg))
+        decoder=decoder if has_decoder else None, registers=_registers(cfg))
 
 
 def _registers(cfg: TuningConfig) -> sk.RegisterBudget:
     if cfg.rhs_decoder_registers is None:
         return sk.RegisterBudget()
-    return sk.RegisterBudget.with_decoder(cfg.rhs_decoder_registers)
+    return sk.RegisterBudget.with_decoder(cfg.rhs_decoder_registers, cfg.rhs_decoders)
 
 
 SMEM_BYTES = 227 * 1024
@@ -310,8 +318,8 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
         "b_dec_smem": plgpu.SMEM((cfg.decoded_slots, *b_shape), jnp.bfloat16,
                                  transforms=bf16_tf),
-        # Both consumers' halves, or the decoder warpgroup's whole tile.
-        "b_full": plgpu.Barrier(num_arrivals=1 if registers.decoder else 2,
+        # Both consumers' halves, or the decoder warpgroups'.
+        "b_full": plgpu.Barrier(num_arrivals=registers.num_decoders or 2,
                                 num_barriers=cfg.decoded_slots),
     }
     if cfg.decoded_slots == 2 or registers.decoder:

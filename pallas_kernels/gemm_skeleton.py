@@ -70,7 +70,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
            no_auto_barriers: bool = False, warpgroups: int = 3) -> jax.Array:
     """Runs ``body(*operand_refs, out_ref, **scratch_refs)`` on ``operands`` as a
     persistent kernel: ``warpgroups`` warpgroups per CTA (axis ``"wg"``; 3: two
-    consumers and the producer, 4 with a decoder, `RegisterBudget`), ``num_ctas`` CTAs
+    consumers and the producer, more with decoders, `RegisterBudget`), ``num_ctas`` CTAs
     (default one per SM) but at most one per tile (axis ``"sm"``); ``no_auto_barriers``
     drops Pallas' automatic barriers (the body must place its own)."""
     grid = tp.grid_size(num_tiles, num_ctas=num_ctas, ctas_per_sm=1, interpret=interpret)
@@ -95,8 +95,8 @@ warpgroups get the rest of the 64K register file: (512 − 40) / 2 → 232 per t
 CONSUMER_REGISTERS = (512 - MEMORY_REGISTERS) // 2 // 8 * 8
 NUM_CONSUMERS = 2
 PRODUCER = NUM_CONSUMERS
-"""The producer's warpgroup index (the consumers are 0 and 1, a decoder is 3)."""
-DECODER = NUM_CONSUMERS + 1
+"""The producer's warpgroup index (the consumers are 0 and 1, decoders from 3 on)."""
+FIRST_DECODER = NUM_CONSUMERS + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,31 +107,42 @@ class RegisterBudget:
     Attributes:
       consumers: each of the two consumer warpgroups.
       producer: the TMA producer warpgroup.
-      decoder: a fourth warpgroup that only decodes (None: none).
+      decoder: each decoder warpgroup, which only decodes (None: none).
+      decoders: decoder warpgroups (with ``decoder``).
     """
 
     consumers: int = CONSUMER_REGISTERS
     producer: int = MEMORY_REGISTERS
     decoder: int | None = None
+    decoders: int = 1
 
     def __post_init__(self):
-        roles = [self.consumers, self.producer] + ([] if self.decoder is None else [self.decoder])
+        extra = [] if self.decoder is None else [self.decoder] * self.decoders
+        roles = [self.consumers, self.producer, *extra]
         if any(r % 8 or not 24 <= r <= 256 for r in roles):
             raise ValueError(f"register budgets must be multiples of 8 in [24, 256], got {self}")
+        if self.decoders < 1:
+            raise ValueError(f"decoders must be >= 1, got {self.decoders}")
         if 128 * (NUM_CONSUMERS * self.consumers + sum(roles[1:])) > 65536:
             raise ValueError(f"{self} needs more than the 65536 registers of an SM")
 
     @property
+    def num_decoders(self) -> int:
+        """Decoder warpgroups per CTA."""
+        return 0 if self.decoder is None else self.decoders
+
+    @property
     def warpgroups(self) -> int:
         """Warpgroups per CTA."""
-        return NUM_CONSUMERS + 1 + (self.decoder is not None)
+        return NUM_CONSUMERS + 1 + self.num_decoders
 
     @classmethod
-    def with_decoder(cls, decoder: int) -> RegisterBudget:
-        """The producer's `MEMORY_REGISTERS`, a decoder of ``decoder`` registers and the
-        consumers the rest."""
-        rest = 512 - MEMORY_REGISTERS - decoder
-        return cls(consumers=rest // NUM_CONSUMERS // 8 * 8, decoder=decoder)
+    def with_decoder(cls, decoder: int, decoders: int = 1) -> RegisterBudget:
+        """The producer's `MEMORY_REGISTERS`, ``decoders`` decoders of ``decoder``
+        registers each, and the consumers the rest."""
+        rest = 512 - MEMORY_REGISTERS - decoders * decoder
+        return cls(consumers=rest // NUM_CONSUMERS // 8 * 8, decoder=decoder,
+                   decoders=decoders)
 
 RunK = Callable[[Callable[..., Any], Any], None]
 """``run_k(mma_body, acc_ref)``: one output tile's K loop in a consumer warpgroup; per K
@@ -148,7 +159,8 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   stages: int, k_steps: int, num_tiles: int,
                   tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
                   consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
-                  decoder: Callable[[plgpu.NDLoopInfo, RunK], None] | None = None,
+                  decoder: Callable[[int], Callable[[plgpu.NDLoopInfo, RunK], None]]
+                  | None = None,
                   registers: RegisterBudget = RegisterBudget(),
                   delay_release: bool = False) -> None:
     """The warp-specialized, persistent K pipeline of every GEMM kernel here.
@@ -176,9 +188,10 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     returned, which must therefore have finished reading the stage's buffers (its own
     ``wgmma`` waits, or ``wgmma`` operands decoded elsewhere). The producer waits for
     ``empty`` before it reuses a slot. Phases follow from every thread waiting on each of
-    its barriers once per use, in order. A ``decoder`` warpgroup (``wg == DECODER``) runs
-    ``decoder(info, run_k)`` per tile through the same stages, and ``empty`` then waits
-    for its arrival too (its body must have finished reading the stage's buffers).
+    its barriers once per use, in order. Decoder warpgroups (``wg == FIRST_DECODER + i``,
+    ``registers.decoders`` of them) run ``decoder(i)(info, run_k)`` per tile through the
+    same stages, and ``empty`` then waits for their arrivals too (their bodies must have
+    finished reading the stage's buffers).
 
     Args:
       in_specs: per operand, the block of one K step (``index_map(k)``) and its SMEM
@@ -190,9 +203,10 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       tile_operands: the GMEM refs of one tile's operands (``k_steps`` blocks each).
       consumer: ``consumer(wg)`` runs once per consumer warpgroup before its tile loop
         and returns the per-tile function.
-      decoder: the per-tile function of a fourth warpgroup (None: none); ``run_k``
-        passes its body ``acc_ref=None``.
-      registers: the roles' register budgets (with a decoder: ``registers.decoder``).
+      decoder: ``decoder(i)`` runs once per decoder warpgroup (its index ``i``, a Python
+        int) and returns its per-tile function (None: no decoders); ``run_k`` passes its
+        body ``acc_ref=None``.
+      registers: the roles' register budgets (with decoders: ``registers.decoder``).
       delay_release: the consumers release each stage one K step late, after the next
         step's body returned, and the last one after ``wgmma_wait(0)``: a body that
         ends with ``wgmma_wait(1)`` (its last ``wgmma`` may still read the stage) then
@@ -265,15 +279,17 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                     def _(step):
                         plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
 
-        if decoder is not None:
-            @pl.when(wg == DECODER)
-            def _decoder():
-                # Below the launch's share (128 of 512 threads' 64K): a decrease.
-                plgpu.set_max_registers(registers.decoder, action="decrease")
+        def run_decoder(i: int):
+            # Below the launch's share (64K over 512 or more threads): a decrease.
+            plgpu.set_max_registers(registers.decoder, action="decrease")
+            per_tile = decoder(i)
 
-                @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-                def _tile(info: plgpu.NDLoopInfo):
-                    decoder(info, run_k_of(info, bufs, full, empty, False))
+            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
+            def _tile(info: plgpu.NDLoopInfo):
+                per_tile(info, run_k_of(info, bufs, full, empty, False))
+
+        for i in range(registers.num_decoders):
+            pl.when(wg == FIRST_DECODER + i)(functools.partial(run_decoder, i))
 
         @pl.when(wg < NUM_CONSUMERS)
         def _consumers():
@@ -284,7 +300,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
             def _tile(info: plgpu.NDLoopInfo):
                 per_tile(info, run_k_of(info, bufs, full, empty, delay_release))
 
-    readers = NUM_CONSUMERS + (decoder is not None)
+    readers = NUM_CONSUMERS + registers.num_decoders
     pl.run_scoped(scope, *smem,
                   full=plgpu.Barrier(num_arrivals=len(in_specs), num_barriers=stages),
                   empty=plgpu.Barrier(num_arrivals=readers, num_barriers=stages),
@@ -316,7 +332,8 @@ Mainloop = Callable[[jax.Array], Callable[[plgpu.NDLoopInfo], TileMainloop]]
 def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningConfig, *,
                     lhs_transforms: tuple[Any, ...], rhs_transforms: tuple[Any, ...],
                     rhs_scale_tiles: bool, mainloop: Mainloop,
-                    decoder: Callable[[plgpu.NDLoopInfo], Callable[..., Any]] | None = None,
+                    decoder: Callable[[int], Callable[[plgpu.NDLoopInfo], Callable[..., Any]]]
+                    | None = None,
                     registers: RegisterBudget = RegisterBudget()) -> None:
     """One persistent CTA: loops over output tiles, pipelines packed K-tiles, stores.
 
@@ -336,9 +353,9 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
       rhs_transforms: those of the rhs codes.
       rhs_scale_tiles: an rhs stored (N/2, K) comes with one factor per 16×16 tile.
       mainloop: the decode and ``wgmma`` of each K step (`Mainloop`).
-      decoder: a decoder warpgroup's per-tile function (`role_pipeline`): returns the
-        body of one K step, ``(idx, lhs_smem, lhs_scales_smem, rhs_smem,
-        rhs_scales_smem, acc_ref=None)``; None: no decoder.
+      decoder: ``decoder(i)(info)``, decoder warpgroup ``i``'s per-tile function
+        (`role_pipeline`): returns the body of one K step, ``(idx, lhs_smem,
+        lhs_scales_smem, rhs_smem, rhs_scales_smem, acc_ref=None)``; None: none.
       registers: the roles' register budgets.
     """
     lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem, out_gmem = gmem
@@ -420,15 +437,19 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
                                work.store)
         return per_tile
 
-    def decoder_tile(info: plgpu.NDLoopInfo, run_k: RunK):
-        run_k(decoder(info), None)
+    def decoder_of(i: int):
+        tile = decoder(i)
+
+        def per_tile(info: plgpu.NDLoopInfo, run_k: RunK):
+            run_k(tile(info), None)
+        return per_tile
 
     role_pipeline(in_specs, [g.dtype for g in (lhs_gmem, lhs_scales_gmem, rhs_gmem,
                                                rhs_scales_gmem)],
                   stages=cfg.max_concurrent_steps, k_steps=k_per_split // tk,
                   num_tiles=p.batch * cfg.k_splits * m_iters * n_iters,
                   tile_operands=tile_operands, consumer=consumer,
-                  decoder=None if decoder is None else decoder_tile, registers=registers)
+                  decoder=None if decoder is None else decoder_of, registers=registers)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 

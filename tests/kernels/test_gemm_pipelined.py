@@ -230,6 +230,10 @@ def test_config_validation():
         TuningConfig(rhs_decoder_registers=40)
     with pytest.raises(ValueError, match="rhs_decoder_registers=44 must be a multiple of 8"):
         dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=44)
+    with pytest.raises(ValueError, match="rhs_decoders must be 1 or 2"):
+        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40, rhs_decoders=3)
+    with pytest.raises(ValueError, match="rhs_decoders applies with rhs_decoder_registers"):
+        dataclasses.replace(PIPELINED_CONFIG, rhs_decoders=2)
 
 
 # ----------------------------------------------------------------------------------------
@@ -256,6 +260,12 @@ INTERPRET_CASES = {
     "dgrad_decoder_three_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
                                        _cfg(rhs_decoder_registers=40, decoded_slots=3)),
     "wgrad_decoder": ("wgrad", (256, 256, 256), True, "float32", _cfg(rhs_decoder_registers=56)),
+    # Two decoder warpgroups, one half each.
+    "dgrad_two_decoders": ("dgrad", (256, 256, 256), True, "float32",
+                           _cfg(rhs_decoder_registers=40, rhs_decoders=2)),
+    "fprop_two_decoders_three_slots_bf16": ("fprop", (256, 256, 256), True, "bfloat16",
+                                            _cfg(rhs_decoder_registers=40, rhs_decoders=2,
+                                                 decoded_slots=3)),
 }
 
 
@@ -280,7 +290,9 @@ def test_lowers_for_cuda(layout):
              (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=4)),
              (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3)),
              (8192, jnp.bfloat16, dataclasses.replace(PIPELINED_CONFIG,
-                                                      rhs_decoder_registers=40))]
+                                                      rhs_decoder_registers=40)),
+             (4096, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
+                                                     rhs_decoders=2))]
     for size, dtype, cfg in cases:
         lhs, rhs, kw = abstract_layout_operands(layout, size, size, size)
         f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype,
@@ -334,7 +346,9 @@ def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
                                  dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=56,
                                                      decoded_slots=3, num_sms=5),
                                  dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     k_splits=2)])
+                                                     k_splits=2),
+                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
+                                                     rhs_decoders=2, num_sms=7)])
 def test_gpu_configs(cfg):
     lhs, rhs, kw = layout_operands("dgrad", 512, 512, 1024, seed=3)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), jax.jit(ref_matmul)(lhs, rhs))

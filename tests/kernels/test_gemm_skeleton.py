@@ -89,16 +89,19 @@ def test_consumer_registers_fill_the_register_file():
 
 
 def test_register_budget_with_a_decoder_fills_the_register_file():
-    """With a decoder warpgroup (512 threads), the consumers get what the producer's and
-    the decoder's budgets leave, in steps of 8, and no more; a budget over the register
-    file, a consumer count of registers off the 8-grid, or a decoder without its budget
-    is refused."""
+    """With decoder warpgroups (512 or 640 threads), the consumers get what the
+    producer's and the decoders' budgets leave, in steps of 8, and no more; a budget over
+    the register file, a count of registers off the 8-grid, or a decoder without its
+    budget is refused."""
     for decoder in (24, 40, 56, 72):
         b = sk.RegisterBudget.with_decoder(decoder)
         assert b.warpgroups == 4 and b.consumers % 8 == 0
         assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * b.consumers) <= 65536
         assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * (b.consumers + 8)) > 65536
     assert sk.RegisterBudget.with_decoder(40).consumers == 216
+    two = sk.RegisterBudget.with_decoder(40, decoders=2)
+    assert (two.warpgroups, two.consumers) == (5, 192)
+    assert 128 * (two.producer + 2 * two.decoder + 2 * two.consumers) <= 65536
     assert sk.RegisterBudget().warpgroups == 3
     with pytest.raises(ValueError, match="more than the 65536 registers"):
         sk.RegisterBudget(consumers=232, decoder=40)
@@ -106,4 +109,4 @@ def test_register_budget_with_a_decoder_fills_the_register_file():
         sk.RegisterBudget(consumers=220)
     with pytest.raises(ValueError, match="needs registers.decoder"):
         sk.role_pipeline([], [], stages=1, k_steps=1, num_tiles=1, tile_operands=None,
-                         consumer=None, decoder=lambda info, run_k: None)
+                         consumer=None, decoder=lambda i: None)
