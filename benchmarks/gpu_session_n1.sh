@@ -2,10 +2,9 @@
 # issue 9 t1: the pipelined GEMM's rhs decoder warpgroup (TuningConfig.rhs_decoder_registers),
 # first GPU run. A fourth warpgroup decodes the rhs tile; the consumers only decode their
 # lhs rows and multiply (bitwise in interpret mode, lowers for CUDA, never compiled by ptxas).
-# 1. the pipelined kernel's config GPU tests (3 decoder configs among them);
+# 1. the pipelined kernel's config GPU tests (4 decoder configs among them);
 # 2. the general kernel's sweep at 8192^3 (one decoder with 40/56/72/88 registers, two with
-#    40/56, 2 or 3 buffers,
-#    4 stages), dumping every kernel's PTX;
+#    40/56, 2 or 3 buffers, 4 stages), dumping every kernel's PTX;
 # 3. ptxas -v on each dumped PTX: spills and the C75xx notes (wgmma serialization) that
 #    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host;
 # 4. Nsight Compute of the decoder kernel (56 registers) at 8192^3: tensor pipe, issue, stalls.
