@@ -2,9 +2,10 @@
 # issue 9 t1: the pipelined GEMM's rhs decoder warpgroup (TuningConfig.rhs_decoder_registers),
 # first GPU run. A fourth warpgroup decodes the rhs tile; the consumers only decode their
 # lhs rows and multiply (bitwise in interpret mode, lowers for CUDA, never compiled by ptxas).
-# 1. the pipelined kernel's config GPU tests (4 decoder configs among them);
+# 1. the pipelined kernel's config GPU tests (5 decoder configs among them);
 # 2. the general kernel's sweep at 8192^3 (one decoder with 40/56/72/88 registers, two with
-#    40/56, 2 or 3 buffers, 4 stages), dumping every kernel's PTX;
+#    40/56, two that decode the lhs into shared memory too (lhs_in_smem, 64/88), 2 or 3
+#    buffers, 4 stages), dumping every kernel's PTX;
 # 3. ptxas -v on each dumped PTX: spills and the C75xx notes (wgmma serialization) that
 #    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host;
 # 4. Nsight Compute of the decoder kernel (56 registers) at 8192^3: tensor pipe, issue, stalls.
@@ -12,10 +13,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH=$PATH:/usr/local/cuda/bin
 FINAL=$OUT; L=/tmp/logs; mkdir -p $L; D=/tmp/ptx; mkdir -p $D
 save() { tar czf $FINAL/logs.tgz -C $L .; }
-timeout 140 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
+timeout 130 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
   > $L/test_pipelined_configs.log 2>&1
 echo "pipelined config GPU tests rc=$?"; tail -3 $L/test_pipelined_configs.log; save
-MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$D timeout 240 python3 -c "
+MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$D timeout 270 python3 -c "
 from fp4jax.reference.quantization import quantize
 from pallas_kernels import gemm
 gemm._sweep(quantize, shapes=[(8192, 8192, 8192)])" > $L/sweep_general.log 2>&1

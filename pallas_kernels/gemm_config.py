@@ -78,6 +78,9 @@ class TuningConfig:
         (`gemm_skeleton.RegisterBudget.with_decoder` splits the register file).
       rhs_decoders: with ``rhs_decoder_registers``: 1 (one warpgroup decodes the whole
         rhs tile) or 2 (each decodes one half), each with that many registers.
+      lhs_in_smem: with two decoders: decoder ``i`` also decodes consumer ``i``'s lhs
+        rows, into shared memory, so the consumers only multiply (both ``wgmma``
+        operands in shared memory).
     """
 
     tile_m: int = 128
@@ -97,6 +100,7 @@ class TuningConfig:
     decoded_slots: int = 3
     rhs_decoder_registers: int | None = None
     rhs_decoders: int = 1
+    lhs_in_smem: bool = False
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
@@ -128,6 +132,8 @@ class TuningConfig:
             raise ValueError(f"rhs_decoders must be 1 or 2, got {self.rhs_decoders}")
         if self.rhs_decoders != 1 and self.rhs_decoder_registers is None:
             raise ValueError("rhs_decoders applies with rhs_decoder_registers only")
+        if self.lhs_in_smem and self.rhs_decoders != 2:
+            raise ValueError("lhs_in_smem needs rhs_decoders=2 (one decoder per consumer)")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:

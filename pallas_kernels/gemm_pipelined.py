@@ -70,9 +70,13 @@ producer and the consumers leave (`gemm_skeleton.RegisterBudget.with_decoder`: 4
 consumers 216). With ``rhs_decoders=2`` two such warpgroups decode one half each (the
 split the consumers used), and 40 registers each leave the consumers 192 (the eighth
 session's PTX, consumers' share of the rhs decode included, assembles without spills at
-200). Why it may pay: the consumers' loop is latency-bound, not pipe-bound (issue slots
-40% busy), and the decode before each ``wgmma`` delays its issue; decoders with their
-own warps overlap it with the multiply instead.
+200). With ``lhs_in_smem`` too, decoder ``i`` also decodes consumer ``i``'s lhs rows into
+a shared-memory buffer per slot (16 KB each; 2 slots fit with 3 stages), and the
+consumers only wait, multiply (both operands in shared memory) and release: all decode
+off the multiplying warps, at the cost of the lhs's store and read through shared
+memory. Why it may pay: the consumers' loop is latency-bound, not pipe-bound (issue
+slots 40% busy), and the decode before each ``wgmma`` delays its issue; decoders with
+their own warps overlap it with the multiply instead.
 
 So the decode fits under the tensor-core time with margin on every pipe, provided it
 overlaps the MMA, which step 3 arranges; ptxas keeps that overlap only with the register
@@ -118,8 +122,9 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             cfg: TuningConfig, interpret: bool):
     """The pipelined mainloop in `gemm_skeleton.persistent_gemm` (``gmem``: its refs, the
     rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``;
-    ``b_free``: the decoded buffers' release barriers, with ``cfg.decoded_slots == 2``
-    or a decoder warpgroup)."""
+    ``a_smem``: the interpret-mode A operands, or with ``cfg.lhs_in_smem`` the decoded
+    lhs buffers, ``(slots, 2, WG_M, TILE_K)``; ``b_free``: the decoded buffers' release
+    barriers, with ``cfg.decoded_slots == 2`` or decoder warpgroups)."""
     a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
     k_iters = p.k // cfg.k_splits // cfg.tile_k
     substeps = cfg.tile_k // TILE_K
@@ -158,8 +163,11 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         return pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
 
     def multiply(wg, acc_ref, a, slot):
-        """Issues the substep's wgmma and waits for the previous substep's."""
-        if interpret:  # interpret-mode wgmma takes SMEM operands only
+        """Issues the substep's wgmma and waits for the previous substep's (``a``: A
+        registers, or None: the decoders' lhs buffer of the slot)."""
+        if a is None:
+            a = a_smem.at[slot, wg]
+        elif interpret:  # interpret-mode wgmma takes SMEM operands only
             a_smem.at[wg][...] = a
             a = a_smem.at[wg]
         b_dec = b_dec_smem.at[slot]
@@ -188,9 +196,9 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                 for h in range(substeps):
                     step = step_of(info, idx[0], h)
                     slot = slot_of(step, h)
-                    a = decode_lhs(wg, h, lhs_smem, lhs_s_smem)
+                    a = None if cfg.lhs_in_smem else decode_lhs(wg, h, lhs_smem, lhs_s_smem)
                     if has_decoder:
-                        plgpu.barrier_wait(b_full.at[slot])  # the decoder's whole tile
+                        plgpu.barrier_wait(b_full.at[slot])  # the decoders' whole tile
                         multiply(wg, acc_ref, a, slot)
                         release_previous(step, h)
                         continue
@@ -232,11 +240,14 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         total = info.num_local_steps * k_iters * substeps
 
         def body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref=None):
-            del lhs_smem, lhs_s_smem, acc_ref
+            del acc_ref
             for h in range(substeps):
                 step = step_of(info, idx[0], h)
                 slot = slot_of(step, h)
                 acquire(step, slot)
+                if cfg.lhs_in_smem:  # decoder i decodes consumer i's rows (one half)
+                    (i,) = halves
+                    a_smem.at[slot, i][...] = decode_lhs(i, h, lhs_smem, lhs_s_smem)
                 for half in halves:
                     decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec_smem.at[slot])
                 plgpu.commit_smem()  # this thread's stores, visible to the async proxy
@@ -276,7 +287,7 @@ def smem_bytes(p: Problem, cfg: TuningConfig, out_bits: int, out_slots: int) -> 
     tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
     rhs_scales = tk // BLOCK * (cta_tn // BLOCK if p.rhs_cols else cta_tn) * 2
     stage = cta_tm * tk // 2 + tk // BLOCK * cta_tm * 2 + tk // 2 * cta_tn + rhs_scales
-    decoded = cfg.decoded_slots * TILE_K * cta_tn * 2
+    decoded = cfg.decoded_slots * TILE_K * (cta_tn + (cta_tm if cfg.lhs_in_smem else 0)) * 2
     out = 2 * out_slots * cfg.epi_tile_m * cfg.epi_tile_n * out_bits // 8
     return cfg.max_concurrent_steps * stage + decoded + out
 
@@ -310,10 +321,16 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     if cfg.mainloop != "pipelined":
         raise ValueError(f"the pipelined kernel needs mainloop='pipelined', got {cfg.mainloop!r}")
     bits = jnp.dtype(sk.output_type(p, cfg).dtype).itemsize * 8
+    if (need := smem_bytes(p, cfg, bits, 1) + 2048) > SMEM_BYTES:
+        raise ValueError(f"{cfg} needs {need} bytes of shared memory, more than the "
+                         f"{SMEM_BYTES} of an H200 SM: fewer stages or decoded buffers")
     registers = _registers(cfg)
     bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
     b_shape = (cfg.cta_tile_n, TILE_K) if p.rhs_cols else (TILE_K, cfg.cta_tile_n)
-    a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
+    if cfg.lhs_in_smem:  # the decoders' lhs buffers
+        a_shape = (cfg.decoded_slots, 2, WG_M, TILE_K)
+    else:  # interpret mode's A operands (unused on the GPU)
+        a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)
     scratch = {
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
         "b_dec_smem": plgpu.SMEM((cfg.decoded_slots, *b_shape), jnp.bfloat16,

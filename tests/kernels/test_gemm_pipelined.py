@@ -234,6 +234,8 @@ def test_config_validation():
         dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40, rhs_decoders=3)
     with pytest.raises(ValueError, match="rhs_decoders applies with rhs_decoder_registers"):
         dataclasses.replace(PIPELINED_CONFIG, rhs_decoders=2)
+    with pytest.raises(ValueError, match="lhs_in_smem needs rhs_decoders=2"):
+        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64, lhs_in_smem=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -266,6 +268,13 @@ INTERPRET_CASES = {
     "fprop_two_decoders_three_slots_bf16": ("fprop", (256, 256, 256), True, "bfloat16",
                                             _cfg(rhs_decoder_registers=40, rhs_decoders=2,
                                                  decoded_slots=3)),
+    # The decoders decode the lhs too, into shared memory; the consumers only multiply.
+    "fprop_lhs_in_smem": ("fprop", (256, 256, 256), True, "float32",
+                          _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
+    "wgrad_lhs_in_smem_bf16": ("wgrad", (256, 256, 256), True, "bfloat16",
+                               _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
+    "dgrad_lhs_in_smem": ("dgrad", (256, 256, 256), True, "float32",
+                          _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
 }
 
 
@@ -292,13 +301,25 @@ def test_lowers_for_cuda(layout):
              (8192, jnp.bfloat16, dataclasses.replace(PIPELINED_CONFIG,
                                                       rhs_decoder_registers=40)),
              (4096, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     rhs_decoders=2))]
+                                                     rhs_decoders=2)),
+             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64,
+                                                     rhs_decoders=2, lhs_in_smem=True))]
     for size, dtype, cfg in cases:
         lhs, rhs, kw = abstract_layout_operands(layout, size, size, size)
         f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype,
                                       **kw))
         text = f.trace(lhs, rhs).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
+
+
+def test_a_config_over_the_shared_memory_is_refused_by_name():
+    """Three decoded buffers of both operands and 3 stages need more than an SM's 227 KB
+    of shared memory: a ValueError naming the config and the bytes, at trace time."""
+    cfg = dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64, rhs_decoders=2,
+                              lhs_in_smem=True, decoded_slots=3)
+    lhs, rhs, kw = abstract_layout_operands("fprop", 1024, 1024, 1024)
+    with pytest.raises(ValueError, match=r"lhs_in_smem=True.*bytes of shared memory"):
+        jax.eval_shape(functools.partial(gemm.matmul, config=cfg, **kw), lhs, rhs)
 
 
 # ----------------------------------------------------------------------------------------
@@ -348,7 +369,9 @@ def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
                                  dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
                                                      k_splits=2),
                                  dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     rhs_decoders=2, num_sms=7)])
+                                                     rhs_decoders=2, num_sms=7),
+                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64,
+                                                     rhs_decoders=2, lhs_in_smem=True)])
 def test_gpu_configs(cfg):
     lhs, rhs, kw = layout_operands("dgrad", 512, 512, 1024, seed=3)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), jax.jit(ref_matmul)(lhs, rhs))
