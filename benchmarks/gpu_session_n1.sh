@@ -13,7 +13,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH=$PATH:/usr/local/cuda/bin
 FINAL=$OUT; L=/tmp/logs; mkdir -p $L; D=/tmp/ptx; mkdir -p $D
 save() { tar czf $FINAL/logs.tgz -C $L .; }
-timeout 130 python3 -m pytest -q -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
+timeout 130 python3 -m pytest -v -m gpu tests/kernels/test_gemm_pipelined.py -k "configs" \
   > $L/test_pipelined_configs.log 2>&1
 echo "pipelined config GPU tests rc=$?"; tail -3 $L/test_pipelined_configs.log; save
 MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$D timeout 270 python3 -c "
