@@ -125,6 +125,17 @@ class RegisterBudget:
             raise ValueError(f"decoders must be >= 1, got {self.decoders}")
         if 128 * (NUM_CONSUMERS * self.consumers + sum(roles[1:])) > 65536:
             raise ValueError(f"{self} needs more than the 65536 registers of an SM")
+        # setmaxnreg moves registers from the launch's even share: the producer and
+        # decoders decrease to their budgets, the consumers increase to theirs.
+        share = self.launch_share
+        if max(roles[1:]) > share or self.consumers < share:
+            raise ValueError(f"{self}: the producer and decoders need at most, the consumers "
+                             f"at least, the launch's {share} registers per thread")
+
+    @property
+    def launch_share(self) -> int:
+        """Registers per thread at launch: the register file over the CTA's threads."""
+        return 65536 // (128 * self.warpgroups) // 8 * 8
 
     @property
     def num_decoders(self) -> int:

@@ -107,6 +107,9 @@ def test_register_budget_with_a_decoder_fills_the_register_file():
         sk.RegisterBudget(consumers=232, decoder=40)
     with pytest.raises(ValueError, match="multiples of 8"):
         sk.RegisterBudget(consumers=220)
+    assert [sk.RegisterBudget.with_decoder(40, n).launch_share for n in (1, 2)] == [128, 96]
+    with pytest.raises(ValueError, match="the launch's 96 registers"):
+        sk.RegisterBudget.with_decoder(104, decoders=2)  # a decoder cannot grow by decreasing
     with pytest.raises(ValueError, match="needs registers.decoder"):
         sk.role_pipeline([], [], stages=1, k_steps=1, num_tiles=1, tile_operands=None,
                          consumer=None, decoder=lambda i: None)
