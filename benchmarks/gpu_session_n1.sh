@@ -8,7 +8,8 @@
 #    buffers, 4 stages), dumping every kernel's PTX;
 # 3. ptxas -v on each dumped PTX: spills and the C75xx notes (wgmma serialization) that
 #    Mosaic's own report drops; the PTX comes back (gzip) for SASS work on the CPU host;
-# 4. Nsight Compute of the decoder kernel (56 registers) at 8192^3: tensor pipe, issue, stalls.
+# 4. Nsight Compute of two decoder kernels at 8192^3 (one decoder of 56 registers; two of 64
+#    with lhs_in_smem): tensor pipe, issue, stalls.
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PATH=$PATH:/usr/local/cuda/bin
 FINAL=$OUT; L=/tmp/logs; mkdir -p $L; D=/tmp/ptx; mkdir -p $D
@@ -27,8 +28,9 @@ for p in $D/fp4jax_gemm_pipelined*.ptx; do
   echo "== $b: $(grep -h 'C75\|Used\|spill' $L/$b.ptxas_stderr.txt | tr '\n' ' ' | cut -c1-300)"
 done; save
 NCU="ncu --clock-control none --profile-from-start off"
-timeout 90 $NCU -k regex:gemm_pipelined -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+timeout 120 $NCU -k regex:gemm_pipelined -c 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section InstructionStats --csv --page details \
-  --log-file $L/ncu_decoder_details.csv python3 benchmarks/profile_kernels.py --cases gemm_pallas_decoder \
+  --log-file $L/ncu_decoder_details.csv python3 benchmarks/profile_kernels.py \
+  --cases gemm_pallas_decoder,gemm_pallas_lhs_in_smem \
   > $L/ncu_decoder_details.log 2>&1
 echo "ncu decoder rc=$?"; grep -i "Duration\|Tensor\|Issue Slots\|Executed Ipc" $L/ncu_decoder_details.csv | cut -c1-220 | head; save
