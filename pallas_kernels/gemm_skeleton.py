@@ -221,7 +221,8 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       delay_release: the consumers release each stage one K step late, after the next
         step's body returned, and the last one after ``wgmma_wait(0)``: a body that
         ends with ``wgmma_wait(1)`` (its last ``wgmma`` may still read the stage) then
-        overlaps that ``wgmma`` with the next step's decode. Needs ``stages >= 2``.
+        overlaps that ``wgmma`` with the next step's decode. Needs ``stages >= 2``
+        (or a single K step per tile).
     """
     if (decoder is None) != (registers.decoder is None):
         raise ValueError("a decoder warpgroup needs registers.decoder, and only it")
@@ -230,7 +231,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
             for spec, dtype in zip(in_specs, dtypes)]
 
-    if delay_release and stages < 2:
+    if delay_release and stages < 2 and k_steps > 1:  # one slot, released after its reuse
         raise ValueError(f"delay_release needs at least 2 stages, got {stages}")
 
     def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty, delayed: bool) -> RunK:

@@ -93,8 +93,8 @@ def _in_specs(p: Problem, tk: int) -> list:
             x]
 
 
-def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
-            *, p: Problem, cfg: SkinnyConfig, interpret: bool):
+def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=None,
+            w_full=None, w_free=None, *, p: Problem, cfg: SkinnyConfig, interpret: bool):
     """One persistent CTA: loops over (K split, 256-column) tiles, pipelines K.
 
     Refs (GMEM): ``w_gmem`` uint8 codes, (K/2, N) (fprop) or (N/2, K) (dgrad);
@@ -102,6 +102,9 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
     K/16); ``x_gmem`` (M, K) bf16 decoded activations (dgrad: columns permuted within
     16-blocks, `gemm_skinny_decode.column_permutation`); ``out_scale_gmem`` (1,)
     float32; ``out_gmem`` (M, N) out dtype, or (k_splits, M, N) float32 partial sums.
+    With ``cfg.decoders``: ``w_dec`` (2 slots, 2 consumers, 128, tile_k/k_substeps) the
+    decoded weight parts, ``w_full`` / ``w_free`` (2, 2) their barriers (one writer,
+    one reader each).
     """
     variant = sl.VARIANTS[p.variant]
     tk, rows, fprop = cfg.tile_k, WG_ROWS, p.variant == "fprop"
@@ -126,19 +129,97 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
             return w_gmem.at[kp_sl, n_sl], ws_gmem.at[ks_sl, ns_sl], x_gmem.at[:, k_sl]
         return w_gmem.at[np_sl, k_sl], ws_gmem.at[ns_sl, ks_sl], x_gmem.at[:, k_sl]
 
+    parts, k_steps = cfg.k_substeps, kps // tk
+
+    def part_of(info: plgpu.NDLoopInfo, k, h):
+        """The CTA's flat count of weight parts (tiles × K steps × parts)."""
+        return (info.local_index * k_steps + k) * parts + h
+
+    def slot_of(q, h):
+        # Two buffers: with an even number of parts, part h always uses buffer h % 2.
+        return h % 2 if parts % 2 == 0 else lax.rem(q, 2)
+
+    def part_tiles(c, h, idx, w_smem, ws_smem):
+        """The code and scale tiles of consumer ``c``'s 128 weight rows, part ``h``."""
+        c_rows, c_scales = pl.ds(c * rows, rows), pl.ds(c * (rows // BLOCK), rows // BLOCK)
+        if fprop:
+            return (w_smem.at[pl.ds(h * tks // 2, tks // 2), c_rows],
+                    ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), c_scales])
+        col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
+        return (w_smem.at[pl.ds(c * (rows // 2), rows // 2), pl.ds(h * tks, tks)],
+                ws_smem.at[c_scales, pl.ds(col, tks // BLOCK)])
+
+    def multiply_decoded(wg, info):
+        """The consumers' body with decoder warpgroups: per part, wait for the decoded
+        weight, multiply, and release the previous part's buffer once its wgmma
+        retired (the stage's x tile stays read by the last part: ``delay_release``)."""
+        def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
+            del w_smem, ws_smem
+            for h in range(parts):
+                q = part_of(info, idx[0], h)
+                slot = slot_of(q, h)
+                plgpu.barrier_wait(w_full.at[slot, wg])
+                plgpu.wgmma(acc_ref, w_dec.at[slot, wg], x_smem.at[:, pl.ds(h * tks, tks)].T)
+                plgpu.wgmma_wait(1)
+                release(q, h, wg)
+            return acc_ref
+        return mma_body
+
+    def release(q, h, wg):
+        @pl.when(q >= 1)
+        def _():
+            plgpu.barrier_arrive(w_free.at[slot_of(q - 1, h - 1), wg])
+
+    def decoder(d: int):
+        """Decoder ``d``: consumer ``d % 2``'s weight rows, every part (2 decoders) or
+        the parts of parity ``d // 2`` (4), into the part's buffer, once the consumer
+        released that buffer's previous part."""
+        c = d % 2
+        mine = [h for h in range(parts) if cfg.decoders == 2 or h % 2 == d // 2]
+
+
+        def per_tile(info: plgpu.NDLoopInfo, run_k: sk.RunK):
+            total = info.num_local_steps * k_steps * parts
+
+            def body(idx, w_smem, ws_smem, x_smem, acc_ref=None):
+                del x_smem, acc_ref
+                for h in mine:
+                    q = part_of(info, idx[0], h)
+                    slot = slot_of(q, h)
+                    acquire(q, slot, c)
+                    codes, scales = part_tiles(c, h, idx, w_smem, ws_smem)
+                    w_dec.at[slot, c][...] = sd.decode_tile(variant, codes, scales,
+                                                           interpret=interpret)
+                    plgpu.commit_smem()  # visible to the async proxy (wgmma)
+                    plgpu.barrier_arrive(w_full.at[slot, c])
+
+                # After the CTA's last part, observe the releases not yet waited for.
+                @pl.when(part_of(info, idx[0], parts - 1) == total - 1)
+                def _drain():
+                    @pl.loop(jnp.maximum(total - 2, 0), total - 1)
+                    def _(q):
+                        if cfg.decoders == 2:  # this decoder's buffers, both
+                            plgpu.barrier_wait(w_free.at[lax.rem(q, 2), c])
+                            return
+
+                        @pl.when(lax.rem(q, 2) == d // 2)  # its parity's buffer
+                        def _():
+                            plgpu.barrier_wait(w_free.at[lax.rem(q, 2), c])
+            run_k(body, None)
+        return per_tile
+
+    def acquire(q, slot, c):
+        @pl.when(q >= 2)
+        def _():
+            plgpu.barrier_wait(w_free.at[slot, c])
+
     def consumer(wg):
-        wg_rows, wg_scales = pl.ds(wg * rows, rows), pl.ds(wg * (rows // BLOCK), rows // BLOCK)
+        wg_rows = pl.ds(wg * rows, rows)
 
         def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
             # k_substeps parts: the tensor cores multiply one while the next decodes.
             for h in range(cfg.k_substeps):
-                if fprop:
-                    codes = w_smem.at[pl.ds(h * tks // 2, tks // 2), wg_rows]
-                    scales = ws_smem.at[pl.ds(h * tks // BLOCK, tks // BLOCK), wg_scales]
-                else:
-                    col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
-                    codes = w_smem.at[pl.ds(wg * (rows // 2), rows // 2), pl.ds(h * tks, tks)]
-                    scales = ws_smem.at[wg_scales, pl.ds(col, tks // BLOCK)]
+                codes, scales = part_tiles(wg, h, idx, w_smem, ws_smem)
                 a = sd.decode_tile(variant, codes, scales, interpret=interpret)
                 if interpret:  # interpret-mode wgmma takes SMEM operands only
                     a_smem.at[wg][...] = a
@@ -159,7 +240,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
 
             @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((rows, p.m), jnp.float32))
             def _acc_scope(acc_ref):
-                run_k(mma_body, acc_ref)
+                run_k(multiply_decoded(wg, info) if cfg.decoders else mma_body, acc_ref)
                 acc = acc_ref[...] * sd.ACC_UNSCALE  # exact: undoes the weight's 2**-8
                 if cfg.k_splits > 1:
                     out_tile = out_gmem.at[ks]
@@ -171,9 +252,19 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
         return per_tile
 
     sk.role_pipeline(in_specs, (w_gmem.dtype, ws_gmem.dtype, x_gmem.dtype),
-                     stages=cfg.max_concurrent_steps, k_steps=kps // tk,
+                     stages=cfg.max_concurrent_steps, k_steps=k_steps,
                      num_tiles=cfg.k_splits * n_iters, tile_operands=tile_operands,
-                     consumer=consumer, delay_release=cfg.overlap_steps)
+                     consumer=consumer, decoder=decoder if cfg.decoders else None,
+                     registers=registers(cfg),
+                     delay_release=cfg.overlap_steps or bool(cfg.decoders))
+
+
+def registers(cfg: SkinnyConfig) -> sk.RegisterBudget:
+    """The roles' register budgets: `gemm_skeleton`'s default, or with decoder
+    warpgroups ``cfg.decoders`` of ``cfg.decoder_registers`` and the consumers the rest."""
+    if not cfg.decoders:
+        return sk.RegisterBudget()
+    return sk.RegisterBudget.with_decoder(cfg.decoder_registers, cfg.decoders)
 
 
 def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
@@ -198,16 +289,24 @@ def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
     split = cfg.k_splits > 1
     out_dtype = jnp.float32 if split else p.out_dtype
     out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
-    a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
+    tks = cfg.tile_k // cfg.k_substeps
+    a_shape = (2, WG_ROWS, tks) if interpret else (1, 8, 64)
+    scratch = {"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
+                                    transforms=swizzled(128, 16, "skinny"))}
+    if cfg.decoders:
+        scratch |= {
+            "w_dec": plgpu.SMEM((2, 2, WG_ROWS, tks), jnp.bfloat16,
+                                transforms=swizzled(128, 16, "skinny")),
+            "w_full": plgpu.Barrier(num_arrivals=1, num_barriers=(2, 2)),
+            "w_free": plgpu.Barrier(num_arrivals=1, num_barriers=(2, 2)),
+        }
     return sk.launch(
         functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
         (w_codes, w_scales, x, out_scale),
         out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
         num_tiles=cfg.k_splits * (p.n // SKINNY_CTA_N), num_ctas=cfg.num_sms,
-        kernel_name="fp4jax_gemm_skinny",
-        scratch={"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
-                                      transforms=swizzled(128, 16, "skinny"))},
-        interpret=interpret)
+        kernel_name="fp4jax_gemm_skinny", scratch=scratch, interpret=interpret,
+        warpgroups=registers(cfg).warpgroups)
 
 
 def decode_activations(lhs: NVFP4Array, m_pad: int, variant: str = "fprop") -> jax.Array:
