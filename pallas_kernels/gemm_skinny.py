@@ -18,6 +18,12 @@ register layouts of each.
 * A consumer warpgroup decodes its 128 columns straight into the WGMMA register layout
   (`gemm_skinny_decode.decode_tile`: ``e2m1 · s · 2**-8``, exact) and issues ``wgmma``
   with the activations' tile from SMEM as B (a free transposed view).
+* Options (`SkinnyConfig`, not the default until measured faster on the H200):
+  ``overlap_steps`` overlaps a step's last ``wgmma`` with the next step's decode (each
+  stage released one step late); ``decoders`` (2 or 4) moves the weight's decode to
+  decoder warpgroups that write it to shared memory, two buffers per consumer with a
+  full and a free barrier each, and the consumers only multiply: more warps decoding
+  per SM, for a kernel that Nsight Compute showed latency-bound (eighth session).
 * The activations (at most 64 × K) are decoded by XLA to ``e2m1 · s`` in BF16 (exact;
   a few hundred KB) before the launch (dgrad: with the kernel's column order).
 * The epilogue multiplies the float32 accumulator by ``2**8`` (exact) and, unless K is
