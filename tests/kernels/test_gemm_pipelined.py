@@ -261,7 +261,6 @@ INTERPRET_CASES = {
                       _cfg(rhs_decoder_registers=40)),
     "dgrad_decoder_three_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
                                        _cfg(rhs_decoder_registers=40, decoded_slots=3)),
-    "wgrad_decoder": ("wgrad", (256, 256, 256), True, "float32", _cfg(rhs_decoder_registers=56)),
     # Two decoder warpgroups, one half each.
     "dgrad_two_decoders": ("dgrad", (256, 256, 256), True, "float32",
                            _cfg(rhs_decoder_registers=40, rhs_decoders=2)),

@@ -272,13 +272,10 @@ INTERPRET_CASES = {
     "dgrad_m16_overlap_exact_bf16": ((16, 512, 1024), "dgrad", True, "bfloat16",
                                      SkinnyConfig(tile_k=256, k_splits=2, num_sms=2,
                                                   k_substeps=2, overlap_steps=True)),
-    # Decoder warpgroups: 2 (one per consumer, one part per step and two), 4 (alternate
-    # parts), across tiles and K splits.
+    # Decoder warpgroups: 2 (one per consumer, one part per step), 4 (alternate parts),
+    # across tiles and K splits.
     "m16_two_decoders_exact": ((16, 512, 1024), "fprop", True, "float32",
                                SkinnyConfig(k_splits=2, num_sms=2, decoders=2)),
-    "m40_two_decoders_parts_bf16": ((40, 512, 1024), "fprop", True, "bfloat16",
-                                    SkinnyConfig(k_splits=2, num_sms=2, decoders=2,
-                                                 k_substeps=2, max_concurrent_steps=3)),
     "m16_four_decoders_exact": ((16, 512, 1024), "fprop", True, "float32",
                                 SkinnyConfig(k_splits=2, num_sms=2, decoders=4, k_substeps=2)),
     "dgrad_m16_four_decoders_exact": ((16, 512, 1024), "dgrad", True, "float32",
