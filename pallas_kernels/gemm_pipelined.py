@@ -233,10 +233,10 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         """Decoder warpgroup ``index``: per substep, waits until both consumers' wgmma of
         the buffer's previous use retired, decodes its halves of the rhs tile (both, or
         half ``index`` of two decoders) into it and arrives."""
-        halves = range(2) if cfg.rhs_decoders == 1 else [index]
-        return functools.partial(decoder_tile, halves)
+        return functools.partial(decoder_tile, index)
 
-    def decoder_tile(halves, info):
+    def decoder_tile(index, info):
+        halves = range(2) if cfg.rhs_decoders == 1 else [index]
         total = info.num_local_steps * k_iters * substeps
 
         def body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref=None):
@@ -245,9 +245,8 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                 step = step_of(info, idx[0], h)
                 slot = slot_of(step, h)
                 acquire(step, slot)
-                if cfg.lhs_in_smem:  # decoder i decodes consumer i's rows (one half)
-                    (i,) = halves
-                    a_smem.at[slot, i][...] = decode_lhs(i, h, lhs_smem, lhs_s_smem)
+                if cfg.lhs_in_smem:  # decoder i decodes consumer i's rows (two decoders)
+                    a_smem.at[slot, index][...] = decode_lhs(index, h, lhs_smem, lhs_s_smem)
                 for half in halves:
                     decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec_smem.at[slot])
                 plgpu.commit_smem()  # this thread's stores, visible to the async proxy

@@ -170,7 +170,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   stages: int, k_steps: int, num_tiles: int,
                   tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
                   consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
-                  decoder: Callable[[int], Callable[[plgpu.NDLoopInfo, RunK], None]]
+                  decoder: Callable[[int], Callable[[plgpu.NDLoopInfo], Callable[..., Any]]]
                   | None = None,
                   registers: RegisterBudget = RegisterBudget(),
                   delay_release: bool = False) -> None:
@@ -200,9 +200,9 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     ``wgmma`` waits, or ``wgmma`` operands decoded elsewhere). The producer waits for
     ``empty`` before it reuses a slot. Phases follow from every thread waiting on each of
     its barriers once per use, in order. Decoder warpgroups (``wg == FIRST_DECODER + i``,
-    ``registers.decoders`` of them) run ``decoder(i)(info, run_k)`` per tile through the
-    same stages, and ``empty`` then waits for their arrivals too (their bodies must have
-    finished reading the stage's buffers).
+    ``registers.decoders`` of them) run the K-step body ``decoder(i)(info)`` of each tile
+    through the same stages, and ``empty`` then waits for their arrivals too (their
+    bodies must have finished reading the stage's buffers).
 
     Args:
       in_specs: per operand, the block of one K step (``index_map(k)``) and its SMEM
@@ -215,8 +215,8 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       consumer: ``consumer(wg)`` runs once per consumer warpgroup before its tile loop
         and returns the per-tile function.
       decoder: ``decoder(i)`` runs once per decoder warpgroup (its index ``i``, a Python
-        int) and returns its per-tile function (None: no decoders); ``run_k`` passes its
-        body ``acc_ref=None``.
+        int) before its tile loop; ``decoder(i)(info)`` returns the tile's K-step body,
+        ``body((k,), *stage_refs, None)`` (None: no decoders).
       registers: the roles' register budgets (with decoders: ``registers.decoder``).
       delay_release: the consumers release each stage one K step late, after the next
         step's body returned, and the last one after ``wgmma_wait(0)``: a body that
@@ -291,26 +291,26 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                     def _(step):
                         plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
 
-        def run_decoder(i: int):
-            # Below the launch's share (64K over 512 or more threads): a decrease.
-            plgpu.set_max_registers(registers.decoder, action="decrease")
-            per_tile = decoder(i)
+        def run_readers(budget: int, action: str, per_tile, delayed: bool):
+            """A reader role: its register budget, then its loop over the CTA's tiles."""
+            plgpu.set_max_registers(budget, action=action)
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
-                per_tile(info, run_k_of(info, bufs, full, empty, False))
+                per_tile(info, run_k_of(info, bufs, full, empty, delayed))
+
+        def run_decoder(i: int):
+            tile_body = decoder(i)
+            # Below the launch's share (64K over 512 or more threads): a decrease.
+            run_readers(registers.decoder, "decrease",
+                        lambda info, run_k: run_k(tile_body(info), None), False)
 
         for i in range(registers.num_decoders):
             pl.when(wg == FIRST_DECODER + i)(functools.partial(run_decoder, i))
 
         @pl.when(wg < NUM_CONSUMERS)
         def _consumers():
-            plgpu.set_max_registers(registers.consumers, action="increase")
-            per_tile = consumer(wg)
-
-            @plgpu.nd_loop((num_tiles,), collective_axes="sm")
-            def _tile(info: plgpu.NDLoopInfo):
-                per_tile(info, run_k_of(info, bufs, full, empty, delay_release))
+            run_readers(registers.consumers, "increase", consumer(wg), delay_release)
 
     readers = NUM_CONSUMERS + registers.num_decoders
     pl.run_scoped(scope, *smem,
@@ -365,9 +365,9 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
       rhs_transforms: those of the rhs codes.
       rhs_scale_tiles: an rhs stored (N/2, K) comes with one factor per 16×16 tile.
       mainloop: the decode and ``wgmma`` of each K step (`Mainloop`).
-      decoder: ``decoder(i)(info)``, decoder warpgroup ``i``'s per-tile function
-        (`role_pipeline`): returns the body of one K step, ``(idx, lhs_smem,
-        lhs_scales_smem, rhs_smem, rhs_scales_smem, acc_ref=None)``; None: none.
+      decoder: ``decoder(i)(info)``, decoder warpgroup ``i``'s body of one K step of a
+        tile (`role_pipeline`), ``(idx, lhs_smem, lhs_scales_smem, rhs_smem,
+        rhs_scales_smem, acc_ref=None)``; None: none.
       registers: the roles' register budgets.
     """
     lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem, out_gmem = gmem
@@ -449,19 +449,12 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
                                work.store)
         return per_tile
 
-    def decoder_of(i: int):
-        tile = decoder(i)
-
-        def per_tile(info: plgpu.NDLoopInfo, run_k: RunK):
-            run_k(tile(info), None)
-        return per_tile
-
     role_pipeline(in_specs, [g.dtype for g in (lhs_gmem, lhs_scales_gmem, rhs_gmem,
                                                rhs_scales_gmem)],
                   stages=cfg.max_concurrent_steps, k_steps=k_per_split // tk,
                   num_tiles=p.batch * cfg.k_splits * m_iters * n_iters,
                   tile_operands=tile_operands, consumer=consumer,
-                  decoder=None if decoder is None else decoder_of, registers=registers)
+                  decoder=decoder, registers=registers)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 

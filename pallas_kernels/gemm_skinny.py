@@ -184,7 +184,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
         mine = [h for h in range(parts) if cfg.decoders == 2 or h % 2 == d // 2]
 
 
-        def per_tile(info: plgpu.NDLoopInfo, run_k: sk.RunK):
+        def tile_body(info: plgpu.NDLoopInfo):
             total = info.num_local_steps * k_steps * parts
 
             def body(idx, w_smem, ws_smem, x_smem, acc_ref=None):
@@ -211,8 +211,8 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
                         @pl.when(lax.rem(q, 2) == d // 2)  # its parity's buffer
                         def _():
                             plgpu.barrier_wait(w_free.at[lax.rem(q, 2), c])
-            run_k(body, None)
-        return per_tile
+            return body
+        return tile_body
 
     def acquire(q, slot, c):
         @pl.when(q >= 2)

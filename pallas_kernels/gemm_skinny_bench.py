@@ -221,5 +221,6 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False, *,
             print(f"  {layout} M={m:>3} {t:8.4f}  {cfg}" if isinstance(t, float) else
                   f"  {layout} M={m:>3} failed  {cfg}", flush=True)
 
+
 if __name__ == "__main__":
     main()
