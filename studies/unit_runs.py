@@ -254,6 +254,7 @@ def adopt_units(spec: StudySpec, results: Path, source: StudySpec,
     unit the source has finished: adopted, already finished here, or which field differs.
     """
     results, source_results = Path(results), Path(source_results)
+    model = {k: v for k, v in dataclasses.asdict(spec.model).items() if k != "dtype"}
     notes = []
     for unit in spec.units():
         rec = finished(source_results, unit)
@@ -262,7 +263,6 @@ def adopt_units(spec: StudySpec, results: Path, source: StudySpec,
         if finished(results, unit):
             notes.append(f"  {unit.name}: already finished in {spec.name}")
             continue
-        model = {k: v for k, v in dataclasses.asdict(spec.model).items() if k != "dtype"}
         want = {"run_config": dataclasses.asdict(spec.run_config(unit)),
                 "model_config": model, "steps": spec.steps(unit.tokens_per_param),
                 "corpus": unit.corpus, "variant": unit.variant, "seed": unit.seed}
