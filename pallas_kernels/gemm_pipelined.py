@@ -130,6 +130,12 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
     substeps = cfg.tile_k // TILE_K
     slots = cfg.decoded_slots
     has_decoder = cfg.rhs_decoder_registers is not None
+    # ptxas compiles every instruction within the launch's register share (65536 / threads),
+    # whatever `setmaxnreg` later grants: an m64n256 wgmma needs 158 registers, over the
+    # 128 of four warpgroups (C7602), so with decoder warpgroups it is issued as two n128
+    # halves.
+    wgmma_n = HALF_N if has_decoder else 2 * HALF_N
+    wgmma_columns = [pl.ds(j * wgmma_n, wgmma_n) for j in range(2 * HALF_N // wgmma_n)]
 
     def step_of(info, k, h):
         """The CTA's flat substep count (tiles × K steps × substeps)."""
@@ -171,8 +177,11 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             a_smem.at[wg][...] = a
             a = a_smem.at[wg]
         b_dec = b_dec_smem.at[slot]
-        plgpu.wgmma(acc_ref, a, b_dec.T if p.rhs_cols else b_dec)
-        plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
+        for cols in wgmma_columns:  # each wgmma commits its own group
+            b = b_dec.at[cols].T if p.rhs_cols else b_dec.at[:, cols]
+            plgpu.wgmma(acc_ref.at[:, cols], a, b)
+        # The previous substep's wgmma groups, not this one's.
+        plgpu.wgmma_wait(len(wgmma_columns))
 
     def acquire(step, slot):
         """Waits until the buffer's last readers, both consumers' wgmma of substep
