@@ -372,7 +372,7 @@ def _sweep_configs() -> dict[tuple[int, int, int], list]:
         replace(rhs_decoder_registers=40, rhs_decoders=2),
         replace(rhs_decoder_registers=56, rhs_decoders=2),
         replace(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True),
-        replace(rhs_decoder_registers=88, rhs_decoders=2, lhs_in_smem=True),
+        replace(rhs_decoder_registers=48, rhs_decoders=2, lhs_in_smem=True),
         replace(rhs_decoder_registers=56, decoded_slots=3),
         replace(rhs_decoder_registers=56, max_concurrent_steps=4),
         LARGE_CONFIG,

@@ -123,11 +123,15 @@ class RegisterBudget:
             raise ValueError(f"register budgets must be multiples of 8 in [24, 256], got {self}")
         if self.decoders < 1:
             raise ValueError(f"decoders must be >= 1, got {self.decoders}")
-        if 128 * (NUM_CONSUMERS * self.consumers + sum(roles[1:])) > 65536:
-            raise ValueError(f"{self} needs more than the 65536 registers of an SM")
-        # setmaxnreg moves registers from the launch's even share: the producer and
-        # decoders decrease to their budgets, the consumers increase to theirs.
+        # setmaxnreg moves registers within the pool the CTA launched with (its even
+        # share times its threads): the producer and decoders decrease to their budgets,
+        # the consumers increase to theirs, and an increase the pool cannot grant waits
+        # forever. With 5 warpgroups the share is 96, so the pool is 61440, not 65536.
         share = self.launch_share
+        if NUM_CONSUMERS * self.consumers + sum(roles[1:]) > share * self.warpgroups:
+            raise ValueError(f"{self} needs more than the {128 * share * self.warpgroups} "
+                             f"registers its {self.warpgroups} warpgroups launch with "
+                             f"({share} per thread)")
         if max(roles[1:]) > share or self.consumers < share:
             raise ValueError(f"{self}: the producer and decoders need at most, the consumers "
                              f"at least, the launch's {share} registers per thread")
@@ -150,8 +154,10 @@ class RegisterBudget:
     @classmethod
     def with_decoder(cls, decoder: int, decoders: int = 1) -> RegisterBudget:
         """The producer's `MEMORY_REGISTERS`, ``decoders`` decoders of ``decoder``
-        registers each, and the consumers the rest."""
-        rest = 512 - MEMORY_REGISTERS - decoders * decoder
+        registers each, and the consumers the rest of the launch's pool."""
+        warpgroups = NUM_CONSUMERS + 1 + decoders
+        pool = 65536 // (128 * warpgroups) // 8 * 8 * warpgroups
+        rest = pool - MEMORY_REGISTERS - decoders * decoder
         return cls(consumers=rest // NUM_CONSUMERS // 8 * 8, decoder=decoder,
                    decoders=decoders)
 

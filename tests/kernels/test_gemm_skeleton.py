@@ -90,21 +90,24 @@ def test_consumer_registers_fill_the_register_file():
 
 def test_register_budget_with_a_decoder_fills_the_register_file():
     """With decoder warpgroups (512 or 640 threads), the consumers get what the
-    producer's and the decoders' budgets leave, in steps of 8, and no more; a budget over
-    the register file, a count of registers off the 8-grid, or a decoder without its
-    budget is refused."""
-    for decoder in (24, 40, 56, 72):
-        b = sk.RegisterBudget.with_decoder(decoder)
-        assert b.warpgroups == 4 and b.consumers % 8 == 0
-        assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * b.consumers) <= 65536
-        assert 128 * (b.producer + b.decoder + sk.NUM_CONSUMERS * (b.consumers + 8)) > 65536
+    producer's and the decoders' budgets leave of the pool the CTA launches with (its
+    even share, a multiple of 8, times its threads), in steps of 8, and no more; a budget
+    over that pool (a ``setmaxnreg`` increase that would wait forever: the two-decoder
+    kernel hung on an H200 at 192), a count of registers off the 8-grid, or a decoder
+    without its budget is refused."""
+    for decoders, pool in ((1, 128 * 4), (2, 96 * 5)):
+        for decoder in (24, 40, 56, 72):
+            b = sk.RegisterBudget.with_decoder(decoder, decoders)
+            assert b.warpgroups == 3 + decoders and b.consumers % 8 == 0
+            assert b.producer + decoders * b.decoder + sk.NUM_CONSUMERS * b.consumers <= pool
+            assert b.producer + decoders * b.decoder + sk.NUM_CONSUMERS * (b.consumers + 8) > pool
     assert sk.RegisterBudget.with_decoder(40).consumers == 216
-    two = sk.RegisterBudget.with_decoder(40, decoders=2)
-    assert (two.warpgroups, two.consumers) == (5, 192)
-    assert 128 * (two.producer + 2 * two.decoder + 2 * two.consumers) <= 65536
+    assert sk.RegisterBudget.with_decoder(40, decoders=2).consumers == 176
     assert sk.RegisterBudget().warpgroups == 3
-    with pytest.raises(ValueError, match="more than the 65536 registers"):
+    with pytest.raises(ValueError, match="more than the 65536 registers its 4 warpgroups"):
         sk.RegisterBudget(consumers=232, decoder=40)
+    with pytest.raises(ValueError, match="more than the 61440 registers its 5 warpgroups"):
+        sk.RegisterBudget(consumers=192, decoder=40, decoders=2)
     with pytest.raises(ValueError, match="multiples of 8"):
         sk.RegisterBudget(consumers=220)
     assert [sk.RegisterBudget.with_decoder(40, n).launch_share for n in (1, 2)] == [128, 96]
