@@ -256,13 +256,13 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def gap_table(spec: Any, variants: dict[str, dict[int, dict]]) -> str:
-    """The markdown table of one group: one row per variant."""
+def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
+    """The markdown table of one group: one row per variant that runs on ``corpus``."""
     gaps = paired_gaps(variants)
     head = ("| variant | seeds | val bpb (mean ± sd) | val bpb, BF16 forward | gap to BF16 "
             "(paired mean) | 95% interval | half-width | ms/step | s/unit |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for v in spec.variants:
+    for v in spec.variants_of(corpus):
         runs = variants.get(v)
         if not runs:
             lines.append(f"| {v} | 0 | not run yet | | | | | | |")
@@ -459,7 +459,10 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
     lines = [f"## {spec.name}: {spec.title}", "",
              f"Issue 12 items {spec.item}. Plan (from the study spec, not a result): "
              f"{spec.describe()}; corpora {', '.join(spec.corpora)}; variants "
-             f"{', '.join(spec.variants)}; seeds {', '.join(map(str, spec.seeds))}.", ""]
+             f"{', '.join(spec.variants)}"
+             + "".join(f" ({c}: only {', '.join(spec.variants_of(c))})"
+                       for c, _ in spec.corpus_variants)
+             + f"; seeds {', '.join(map(str, spec.seeds))}.", ""]
     if not results:
         lines += [f"**No results yet**: none of the {n_units} units of this study has "
                   f"finished (`python studies/validation.py plan {spec.name}` shows their "
@@ -487,7 +490,7 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
             f"{'documents' if ci['prose'] else 'files'}); validation {ci['val_bytes'] / 1e6:.2f}"
             f" MB; device {any_r['segments'][-1]['environment']['device']}, jax "
             f"{any_r['segments'][-1]['environment']['jax']}.", "",
-            gap_table(spec, variants), "",
+            gap_table(spec, variants, corpus), "",
         ]
         along = gap_along_training(variants)
         if along:
@@ -517,7 +520,7 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                                               spec.tokens_per_param) + " |",
                   "| --- |" + " --- |" * len(spec.tokens_per_param)]
         for corpus in spec.corpora:
-            for v in spec.variants[1:]:
+            for v in spec.variants_of(corpus)[1:]:
                 cells = []
                 for t in spec.tokens_per_param:
                     g = paired_gaps(groups.get((corpus, t), {})).get(v)

@@ -415,3 +415,28 @@ def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
     assert got["study"] == "tiny" and got["adopted_from"] == "same"
     assert got["final_val_bpb"] == 1.5 and unit_runs.finished(dst, quant) is None
     assert unit_runs.adopt_units(TINY, dst, same, src)[0].endswith("already finished in tiny")
+
+
+def test_corpus_variants_restrict_a_corpus_to_some_variants():
+    """``corpus_variants`` runs a corpus's units for its variants only (the others run on
+    every corpus), the report's table of that corpus lists only them, and a restriction
+    that names an unknown corpus, leaves out the baseline or names another variant is
+    refused by name."""
+    spec = dataclasses.replace(TINY, corpora=("python", "prose"),
+                               variants=("bf16", "down_only", "paper"),
+                               custom_variants=(DOWN_ONLY,),
+                               corpus_variants=(("prose", ("paper", "bf16")),))
+    names = [u.name for u in spec.units()]
+    assert [n for n in names if n.startswith("prose")] == [
+        "prose-tpp0.003-bf16-s0", "prose-tpp0.003-paper-s0"]
+    assert sum(n.startswith("python") for n in names) == 3
+    assert spec.variants_of("prose") == ("bf16", "paper")
+    table = study_report.gap_table(spec, {}, "prose")
+    assert "| paper | 0 | not run yet" in table and "down_only" not in table
+    assert "| down_only | 0 | not run yet" in study_report.gap_table(spec, {}, "python")
+    for bad, match in [((("code", ("bf16",)),), "names corpus 'code'"),
+                       ((("prose", ("paper",)),), "must include 'bf16'"),
+                       ((("prose", ("bf16", "no_sr")),), "must include 'bf16'"),
+                       ((("prose", ("bf16",)), ("prose", ("bf16",))), "names a corpus twice")]:
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(spec, corpus_variants=bad)
