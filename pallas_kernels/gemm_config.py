@@ -221,17 +221,6 @@ class SkinnyConfig:
       k_substeps: decode and multiply each step's tile in this many parts along K
         (``tile_k / k_substeps`` a multiple of 64), issuing each part's ``wgmma``
         before decoding the next, so the tensor cores overlap the decode.
-      overlap_steps: also across steps: a step waits only for its earlier parts'
-        ``wgmma`` (``wgmma_wait(1)``) and releases its stage one step late
-        (`gemm_skeleton.role_pipeline`'s ``delay_release``), so the next step's first
-        part decodes while its last part multiplies. Needs ``k_substeps >= 2`` (the
-        next step's first part reuses the registers of a retired ``wgmma``).
-      decoders: 0 (default): the two consumer warpgroups decode their weight rows into
-        registers; 2 or 4: that many decoder warpgroups of `decoder_registers` decode
-        them into shared memory (two buffers per consumer), and the consumers only
-        multiply, steps overlapped (4: two per consumer, alternate parts; needs an even
-        ``k_substeps``). More warps in flight per SM for a latency-bound decode.
-      decoder_registers: registers per thread of each decoder warpgroup.
     """
 
     tile_k: int = 128
@@ -239,9 +228,6 @@ class SkinnyConfig:
     k_splits: int = 4
     num_sms: int | None = None
     k_substeps: int = 1
-    overlap_steps: bool = False
-    decoders: int = 0
-    decoder_registers: int = 72
 
     def __post_init__(self):
         if self.tile_k <= 0 or self.tile_k % 128:
@@ -255,15 +241,6 @@ class SkinnyConfig:
         if self.k_substeps < 1 or self.tile_k % (64 * self.k_substeps):
             raise ValueError(f"tile_k={self.tile_k} must be a multiple of 64·k_substeps "
                              f"(k_substeps={self.k_substeps})")
-        if self.overlap_steps and self.k_substeps < 2:
-            raise ValueError(f"overlap_steps needs k_substeps >= 2, got {self.k_substeps}")
-        if self.decoders not in (0, 2, 4):
-            raise ValueError(f"decoders must be 0, 2 or 4, got {self.decoders}")
-        if self.decoders == 4 and self.k_substeps % 2:
-            raise ValueError(f"decoders=4 needs an even k_substeps, got {self.k_substeps}")
-        r = self.decoder_registers
-        if r % 8 or not 24 <= r <= 128:
-            raise ValueError(f"decoder_registers={r} must be a multiple of 8 in [24, 128]")
 
     @property
     def cta_tile_m(self) -> int:

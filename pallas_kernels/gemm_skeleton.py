@@ -178,8 +178,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
                   decoder: Callable[[int], Callable[[plgpu.NDLoopInfo], Callable[..., Any]]]
                   | None = None,
-                  registers: RegisterBudget = RegisterBudget(),
-                  delay_release: bool = False) -> None:
+                  registers: RegisterBudget = RegisterBudget()) -> None:
     """The warp-specialized, persistent K pipeline of every GEMM kernel here.
 
     The producer warpgroup (``wg == NUM_CONSUMERS``) and the consumer warpgroups each
@@ -224,11 +223,6 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
         int) before its tile loop; ``decoder(i)(info)`` returns the tile's K-step body,
         ``body((k,), *stage_refs, None)`` (None: no decoders).
       registers: the roles' register budgets (with decoders: ``registers.decoder``).
-      delay_release: the consumers release each stage one K step late, after the next
-        step's body returned, and the last one after ``wgmma_wait(0)``: a body that
-        ends with ``wgmma_wait(1)`` (its last ``wgmma`` may still read the stage) then
-        overlaps that ``wgmma`` with the next step's decode. Needs ``stages >= 2``
-        (or a single K step per tile).
     """
     if (decoder is None) != (registers.decoder is None):
         raise ValueError("a decoder warpgroup needs registers.decoder, and only it")
@@ -237,30 +231,14 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
             for spec, dtype in zip(in_specs, dtypes)]
 
-    if delay_release and stages < 2 and k_steps > 1:  # one slot, released after its reuse
-        raise ValueError(f"delay_release needs at least 2 stages, got {stages}")
-
-    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty, delayed: bool) -> RunK:
-        def slot_of(k):
-            return lax.rem(info.local_index * k_steps + k, stages)
-
+    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty) -> RunK:
         def run_k(body, acc_ref):
             @pl.loop(0, k_steps)
             def _k(k):
-                slot = slot_of(k)
+                slot = lax.rem(info.local_index * k_steps + k, stages)
                 plgpu.barrier_wait(full.at[slot])
                 body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
-                if not delayed:
-                    plgpu.barrier_arrive(empty.at[slot])
-                    return
-
-                @pl.when(k >= 1)
-                def _():
-                    plgpu.barrier_arrive(empty.at[slot_of(k - 1)])
-
-            if delayed:  # the last step's wgmma still reads its stage
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(empty.at[slot_of(k_steps - 1)])
+                plgpu.barrier_arrive(empty.at[slot])
         return run_k
 
     def scope(*bufs, full, empty):
@@ -297,26 +275,26 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                     def _(step):
                         plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
 
-        def run_readers(budget: int, action: str, per_tile, delayed: bool):
+        def run_readers(budget: int, action: str, per_tile):
             """A reader role: its register budget, then its loop over the CTA's tiles."""
             plgpu.set_max_registers(budget, action=action)
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
-                per_tile(info, run_k_of(info, bufs, full, empty, delayed))
+                per_tile(info, run_k_of(info, bufs, full, empty))
 
         def run_decoder(i: int):
             tile_body = decoder(i)
             # Below the launch's share (64K over 512 or more threads): a decrease.
             run_readers(registers.decoder, "decrease",
-                        lambda info, run_k: run_k(tile_body(info), None), False)
+                        lambda info, run_k: run_k(tile_body(info), None))
 
         for i in range(registers.num_decoders):
             pl.when(wg == FIRST_DECODER + i)(functools.partial(run_decoder, i))
 
         @pl.when(wg < NUM_CONSUMERS)
         def _consumers():
-            run_readers(registers.consumers, "increase", consumer(wg), delay_release)
+            run_readers(registers.consumers, "increase", consumer(wg))
 
     readers = NUM_CONSUMERS + registers.num_decoders
     pl.run_scoped(scope, *smem,
