@@ -14,9 +14,7 @@ Cases (8192×8192 BF16 input unless stated):
 * ``q2_rne``, ``q2_sr``: the two-output rowwise + columnwise-RHT kernel, amax given;
 * ``q_xla``: the XLA reference quantize (1D RNE, amax given);
 * ``gemm_pallas``, ``gemm_xla``, ``gemm_bf16``: 8192³ NVFP4 GEMM (Pallas kernel; XLA
-  dequantize + dot) and the BF16 ``jnp.dot``; ``gemm_pallas_decoder``: the Pallas kernel
-  with an rhs decoder warpgroup of 56 registers (``TuningConfig.rhs_decoder_registers``),
-  ``gemm_pallas_lhs_in_smem``: with two decoders of 64 that decode the lhs too;
+  dequantize + dot) and the BF16 ``jnp.dot``;
 * ``gemm_skinny``, ``gemm_skinny_bf16``: the same weight with 16 rows of activations
   (the skinny kernel, as `pallas_kernels.gemm.matmul` calls it) and its BF16 ``jnp.dot``;
 * ``layer_bf16``, ``layer_auto``: one linear layer fwd+bwd (8192 tokens, 8192→8192,
@@ -34,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import os
 import sys
 
@@ -48,7 +45,6 @@ from pallas_kernels import amax as amax_pass
 from pallas_kernels import gemm as kgemm
 from pallas_kernels import quantize_single as kq
 from pallas_kernels import quantize_two_output as kq2
-from pallas_kernels.gemm_config import PIPELINED_CONFIG
 from pallas_kernels.quantize_single import TWO_OUTPUT_CONFIG
 from pallas_kernels.timing import environment, sweep_input
 
@@ -92,13 +88,6 @@ def cases(n: int) -> dict:
     qa, qb = fp4jax.quantize(a), fp4jax.quantize(b, axis=0, block_2d=True)
     out["gemm_pallas"] = (jax.jit(lambda p, q: kgemm.matmul(
         p, q, preferred_element_type=jnp.bfloat16)), (qa, qb))
-    decoder = dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=56)
-    out["gemm_pallas_decoder"] = (jax.jit(lambda p, q: kgemm.matmul(
-        p, q, preferred_element_type=jnp.bfloat16, config=decoder)), (qa, qb))
-    lhs_in_smem = dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64,
-                                      rhs_decoders=2, lhs_in_smem=True)
-    out["gemm_pallas_lhs_in_smem"] = (jax.jit(lambda p, q: kgemm.matmul(
-        p, q, preferred_element_type=jnp.bfloat16, config=lhs_in_smem)), (qa, qb))
     out["gemm_xla"] = (jax.jit(lambda p, q: fp4jax.matmul(
         p, q, preferred_element_type=jnp.bfloat16, impl="xla")), (qa, qb))
     out["gemm_bf16"] = (jax.jit(lambda p, q: jnp.dot(

@@ -357,24 +357,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _sweep_configs() -> dict[tuple[int, int, int], list]:
     """(M, N, K) -> the tuning configs `_sweep` times there (for choosing the defaults):
-    the pipelined mainloop's pipeline depth, decoded buffers and rhs decoder warpgroup
-    (with its register budgets) at 8192³ and 4096³. (The skinny kernel's configs:
-    `gemm_skinny_bench`'s ``--sweep``.)"""
+    the pipelined mainloop's pipeline depth and decoded buffers at 8192³ and 4096³. (The
+    skinny kernel's configs: `gemm_skinny_bench`'s ``--sweep``.)"""
     replace = functools.partial(dataclasses.replace, PIPELINED_CONFIG)
     big = [
         PIPELINED_CONFIG,
         replace(max_concurrent_steps=4),
         replace(decoded_slots=3),
-        replace(rhs_decoder_registers=40),
-        replace(rhs_decoder_registers=56),
-        replace(rhs_decoder_registers=72),
-        replace(rhs_decoder_registers=88),
-        replace(rhs_decoder_registers=40, rhs_decoders=2),
-        replace(rhs_decoder_registers=56, rhs_decoders=2),
-        replace(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True),
-        replace(rhs_decoder_registers=48, rhs_decoders=2, lhs_in_smem=True),
-        replace(rhs_decoder_registers=56, decoded_slots=3),
-        replace(rhs_decoder_registers=56, max_concurrent_steps=4),
         LARGE_CONFIG,
     ]
     return {(8192, 8192, 8192): big, (4096, 4096, 4096): big}

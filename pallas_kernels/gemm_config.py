@@ -71,16 +71,6 @@ class TuningConfig:
         knows from the previous substep's barrier that the buffer's last readers are
         done) or 2 (32 KB less shared memory, and each substep's buffer is a constant:
         a release barrier per buffer instead of the slot arithmetic).
-      rhs_decoder_registers: None (default): the pipelined mainloop's consumer
-        warpgroups decode the rhs; a number: a fourth warpgroup with that many
-        registers per thread decodes the whole rhs tile into the decoded buffers, and
-        the consumers only decode their lhs rows and multiply
-        (`gemm_skeleton.RegisterBudget.with_decoder` splits the register file).
-      rhs_decoders: with ``rhs_decoder_registers``: 1 (one warpgroup decodes the whole
-        rhs tile) or 2 (each decodes one half), each with that many registers.
-      lhs_in_smem: with two decoders: decoder ``i`` also decodes consumer ``i``'s lhs
-        rows, into shared memory, so the consumers only multiply (both ``wgmma``
-        operands in shared memory).
     """
 
     tile_m: int = 128
@@ -98,9 +88,6 @@ class TuningConfig:
     decode: str = "subnormal"
     mainloop: str = "serial"
     decoded_slots: int = 3
-    rhs_decoder_registers: int | None = None
-    rhs_decoders: int = 1
-    lhs_in_smem: bool = False
 
     def __post_init__(self):
         if self.decode not in ("subnormal", "normal"):
@@ -121,19 +108,6 @@ class TuningConfig:
         if self.decoded_slots != 3 and self.mainloop != "pipelined":
             raise ValueError(f"decoded_slots={self.decoded_slots} applies to "
                              "mainloop='pipelined' only")
-        if self.rhs_decoder_registers is not None:
-            if self.mainloop != "pipelined":
-                raise ValueError("rhs_decoder_registers applies to mainloop='pipelined' only")
-            r = self.rhs_decoder_registers
-            if r % 8 or not 24 <= r <= 128:
-                raise ValueError(f"rhs_decoder_registers={r} must be a multiple of 8 in "
-                                 "[24, 128]")
-        if self.rhs_decoders not in (1, 2):
-            raise ValueError(f"rhs_decoders must be 1 or 2, got {self.rhs_decoders}")
-        if self.rhs_decoders != 1 and self.rhs_decoder_registers is None:
-            raise ValueError("rhs_decoders applies with rhs_decoder_registers only")
-        if self.lhs_in_smem and self.rhs_decoders != 2:
-            raise ValueError("lhs_in_smem needs rhs_decoders=2 (one decoder per consumer)")
         for name in ("tile_m", "tile_n", "tile_k"):
             v = getattr(self, name)
             if v <= 0 or v % 64:
@@ -221,17 +195,6 @@ class SkinnyConfig:
       k_substeps: decode and multiply each step's tile in this many parts along K
         (``tile_k / k_substeps`` a multiple of 64), issuing each part's ``wgmma``
         before decoding the next, so the tensor cores overlap the decode.
-      overlap_steps: also across steps: a step waits only for its earlier parts'
-        ``wgmma`` (``wgmma_wait(1)``) and releases its stage one step late
-        (`gemm_skeleton.role_pipeline`'s ``delay_release``), so the next step's first
-        part decodes while its last part multiplies. Needs ``k_substeps >= 2`` (the
-        next step's first part reuses the registers of a retired ``wgmma``).
-      decoders: 0 (default): the two consumer warpgroups decode their weight rows into
-        registers; 2 or 4: that many decoder warpgroups of `decoder_registers` decode
-        them into shared memory (two buffers per consumer), and the consumers only
-        multiply, steps overlapped (4: two per consumer, alternate parts; needs an even
-        ``k_substeps``). More warps in flight per SM for a latency-bound decode.
-      decoder_registers: registers per thread of each decoder warpgroup.
     """
 
     tile_k: int = 128
@@ -239,9 +202,6 @@ class SkinnyConfig:
     k_splits: int = 4
     num_sms: int | None = None
     k_substeps: int = 1
-    overlap_steps: bool = False
-    decoders: int = 0
-    decoder_registers: int = 72
 
     def __post_init__(self):
         if self.tile_k <= 0 or self.tile_k % 128:
@@ -255,15 +215,6 @@ class SkinnyConfig:
         if self.k_substeps < 1 or self.tile_k % (64 * self.k_substeps):
             raise ValueError(f"tile_k={self.tile_k} must be a multiple of 64·k_substeps "
                              f"(k_substeps={self.k_substeps})")
-        if self.overlap_steps and self.k_substeps < 2:
-            raise ValueError(f"overlap_steps needs k_substeps >= 2, got {self.k_substeps}")
-        if self.decoders not in (0, 2, 4):
-            raise ValueError(f"decoders must be 0, 2 or 4, got {self.decoders}")
-        if self.decoders == 4 and self.k_substeps % 2:
-            raise ValueError(f"decoders=4 needs an even k_substeps, got {self.k_substeps}")
-        r = self.decoder_registers
-        if r % 8 or not 24 <= r <= 128:
-            raise ValueError(f"decoder_registers={r} must be a multiple of 8 in [24, 128]")
 
     @property
     def cta_tile_m(self) -> int:

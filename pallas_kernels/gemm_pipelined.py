@@ -58,29 +58,6 @@ Why this shape (arithmetic per 64-wide substep of a 128×256 CTA tile, H200, one
 * SMEM: 3 stages × 30 KB + 3 decoded buffers × 32 KB + the epilogue's 32 KB (two 64×64
   slices per warpgroup in BF16, one in float32) = 218 KB of the 227 KB.
 
-A decoder warpgroup (``TuningConfig.rhs_decoder_registers``, not the default until
-measured): a fourth warpgroup decodes the whole rhs tile of each substep into the
-decoded buffers (both halves, the same per-thread layouts), arrives on the buffer's
-barrier (one arrival), and before reusing a buffer waits on its release barrier, which
-each consumer arrives on once ``wgmma_wait(1)`` has retired its read. The consumers then
-only decode their lhs rows (156 of the 498 decode instructions per warp and 128-K stage
-in the eighth session's SASS) before each ``wgmma``; the rhs decode (342 per consumer
-warp, 684 per decoder warp) runs beside them in a warpgroup of its own, with the
-registers the producer and the consumers leave
-(`gemm_skeleton.RegisterBudget.with_decoder`: 40 → consumers 216). With
-``rhs_decoders=2`` two such warpgroups decode one half each (the split the consumers
-used); five warpgroups launch with 96 registers per thread, a pool of 61440, so 40
-registers each leave the consumers 176. With ``lhs_in_smem`` too, decoder ``i`` also
-decodes consumer ``i``'s lhs rows into a shared-memory buffer per slot (16 KB each; 2
-slots fit with 3 stages), and the consumers only wait, multiply (both operands in shared
-memory) and release: all decode off the multiplying warps, at the cost of the lhs's
-store and read through shared memory. Why it may pay: the consumers' loop is
-latency-bound, not pipe-bound (issue slots 40% busy), and the decode before each
-``wgmma`` delays its issue; decoders with their own warps overlap it with the multiply
-instead. Measured on an H200 (tenth session): one decoder warpgroup ran 0.92–0.97× the
-speed of the consumers decoding their own rhs halves at 8192³ (2.03–2.14 vs 1.97 ms,
-40–88 registers).
-
 So the decode fits under the tensor-core time with margin on every pipe, provided it
 overlaps the MMA, which step 3 arranges; ptxas keeps that overlap only with the register
 budgets set once per role (`gemm_skeleton.role_pipeline`: under a per-tile
@@ -88,6 +65,15 @@ budgets set once per role (`gemm_skeleton.role_pipeline`: under a per-tile
 H200 (docs/BENCHMARKS.md, eighth session): 0.76–0.78× BF16 at 8192³, bound by the
 decode's instruction latency (655 instructions per consumer warp and 128-K stage, 498 of
 them the decode; tensor pipe ~53% busy), not by a pipe.
+
+Decoder warpgroups (one or two more warpgroups that decode the rhs tile, or both
+operands, into shared memory while the consumers only multiply) were tried and measured
+slower on an H200: 0.17–0.97× this mainloop's speed at 8192³ (docs/BENCHMARKS.md, tenth
+session). ptxas compiles every instruction within the launch's even register share
+(65536 / threads, a multiple of 8), whatever ``setmaxnreg`` grants later: 128 per thread
+with four warpgroups, under the 158 an m64n256 ``wgmma`` needs (C7602), and 96 with
+five, which serializes the ``wgmma`` (C7512). The code lived in commits 51507b9 ..
+74c5ae5.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -125,20 +111,12 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             cfg: TuningConfig, interpret: bool):
     """The pipelined mainloop in `gemm_skeleton.persistent_gemm` (``gmem``: its refs, the
     rhs factors of an rhs stored ``(N/2, K)`` one per 16×16 tile, ``(B, K/16, N/16)``;
-    ``a_smem``: the interpret-mode A operands, or with ``cfg.lhs_in_smem`` the decoded
-    lhs buffers, ``(slots, 2, WG_M, TILE_K)``; ``b_free``: the decoded buffers' release
-    barriers, with ``cfg.decoded_slots == 2`` or decoder warpgroups)."""
+    ``a_smem``: the interpret-mode A operands; ``b_free``: the decoded buffers' release
+    barriers, with ``cfg.decoded_slots == 2``)."""
     a_op, b_op = pl_.operands(p.lhs_cols, p.rhs_cols)
     k_iters = p.k // cfg.k_splits // cfg.tile_k
     substeps = cfg.tile_k // TILE_K
     slots = cfg.decoded_slots
-    has_decoder = cfg.rhs_decoder_registers is not None
-    # ptxas compiles every instruction within the launch's register share (65536 / threads),
-    # whatever `setmaxnreg` later grants: an m64n256 wgmma needs 158 registers, over the
-    # 128 of four warpgroups (C7602), so with decoder warpgroups it is issued as two n128
-    # halves.
-    wgmma_n = HALF_N if has_decoder else 2 * HALF_N
-    wgmma_columns = [pl.ds(j * wgmma_n, wgmma_n) for j in range(2 * HALF_N // wgmma_n)]
 
     def step_of(info, k, h):
         """The CTA's flat substep count (tiles × K steps × substeps)."""
@@ -172,19 +150,14 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         return pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
 
     def multiply(wg, acc_ref, a, slot):
-        """Issues the substep's wgmma and waits for the previous substep's (``a``: A
-        registers, or None: the decoders' lhs buffer of the slot)."""
-        if a is None:
-            a = a_smem.at[slot, wg]
-        elif interpret:  # interpret-mode wgmma takes SMEM operands only
+        """Issues the substep's wgmma (``a``: its A registers) and waits for the previous
+        substep's."""
+        if interpret:  # interpret-mode wgmma takes SMEM operands only
             a_smem.at[wg][...] = a
             a = a_smem.at[wg]
         b_dec = b_dec_smem.at[slot]
-        for cols in wgmma_columns:  # each wgmma commits its own group
-            b = b_dec.at[cols].T if p.rhs_cols else b_dec.at[:, cols]
-            plgpu.wgmma(acc_ref.at[:, cols], a, b)
-        # The previous substep's wgmma groups, not this one's.
-        plgpu.wgmma_wait(len(wgmma_columns))
+        plgpu.wgmma(acc_ref, a, b_dec.T if p.rhs_cols else b_dec)
+        plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
 
     def acquire(step, slot):
         """Waits until the buffer's last readers, both consumers' wgmma of substep
@@ -208,12 +181,7 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                 for h in range(substeps):
                     step = step_of(info, idx[0], h)
                     slot = slot_of(step, h)
-                    a = None if cfg.lhs_in_smem else decode_lhs(wg, h, lhs_smem, lhs_s_smem)
-                    if has_decoder:
-                        plgpu.barrier_wait(b_full.at[slot])  # the decoders' whole tile
-                        multiply(wg, acc_ref, a, slot)
-                        release_previous(step, h)
-                        continue
+                    a = decode_lhs(wg, h, lhs_smem, lhs_s_smem)
                     b_dec = b_dec_smem.at[slot]
                     if slots == 2:
                         acquire(step, slot)
@@ -241,37 +209,6 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
             return sk.TileMainloop(mma_body, (pl.ds(wg * WG_M, WG_M), slice(None)), store)
         return tile
 
-    def decoder(index: int):
-        """Decoder warpgroup ``index``: per substep, waits until both consumers' wgmma of
-        the buffer's previous use retired, decodes its halves of the rhs tile (both, or
-        half ``index`` of two decoders) into it and arrives."""
-        return functools.partial(decoder_tile, index)
-
-    def decoder_tile(index, info):
-        halves = range(2) if cfg.rhs_decoders == 1 else [index]
-        total = info.num_local_steps * k_iters * substeps
-
-        def body(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, acc_ref=None):
-            del acc_ref
-            for h in range(substeps):
-                step = step_of(info, idx[0], h)
-                slot = slot_of(step, h)
-                acquire(step, slot)
-                if cfg.lhs_in_smem:  # decoder i decodes consumer i's rows (two decoders)
-                    a_smem.at[slot, index][...] = decode_lhs(index, h, lhs_smem, lhs_s_smem)
-                for half in halves:
-                    decode_rhs_half(half, h, rhs_smem, rhs_s_smem, b_dec_smem.at[slot])
-                plgpu.commit_smem()  # this thread's stores, visible to the async proxy
-                plgpu.barrier_arrive(b_full.at[slot])
-
-            # After the CTA's last substep, observe the releases not yet waited for.
-            @pl.when(step_of(info, idx[0], substeps - 1) == total - 1)
-            def _drain():
-                @pl.loop(jnp.maximum(total - slots, 0), total - 1)
-                def _(s):
-                    plgpu.barrier_wait(b_free.at[lax.rem(s, slots)])
-        return body
-
     # Swizzles follow the per-warpgroup and per-substep slices, so they stay whole tiles.
     sk.persistent_gemm(
         gmem, out_smem, p, cfg,
@@ -279,14 +216,7 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                         else swizzled(TILE_K // 2, 8, "lhs")),
         rhs_transforms=(swizzled(TILE_K, 8, "rhs") if p.rhs_cols
                         else swizzled(HALF_N, 8, "rhs")),
-        rhs_scale_tiles=True, mainloop=mainloop,
-        decoder=decoder if has_decoder else None, registers=_registers(cfg))
-
-
-def _registers(cfg: TuningConfig) -> sk.RegisterBudget:
-    if cfg.rhs_decoder_registers is None:
-        return sk.RegisterBudget()
-    return sk.RegisterBudget.with_decoder(cfg.rhs_decoder_registers, cfg.rhs_decoders)
+        rhs_scale_tiles=True, mainloop=mainloop)
 
 
 SMEM_BYTES = 227 * 1024
@@ -298,7 +228,7 @@ def smem_bytes(p: Problem, cfg: TuningConfig, out_bits: int, out_slots: int) -> 
     tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
     rhs_scales = tk // BLOCK * (cta_tn // BLOCK if p.rhs_cols else cta_tn) * 2
     stage = cta_tm * tk // 2 + tk // BLOCK * cta_tm * 2 + tk // 2 * cta_tn + rhs_scales
-    decoded = cfg.decoded_slots * TILE_K * (cta_tn + (cta_tm if cfg.lhs_in_smem else 0)) * 2
+    decoded = cfg.decoded_slots * TILE_K * cta_tn * 2
     out = 2 * out_slots * cfg.epi_tile_m * cfg.epi_tile_n * out_bits // 8
     return cfg.max_concurrent_steps * stage + decoded + out
 
@@ -335,28 +265,21 @@ def call_kernel(lhs_d, lhs_s, rhs_d, rhs_s, out_scale, p: Problem,
     if (need := smem_bytes(p, cfg, bits, 1) + 2048) > SMEM_BYTES:
         raise ValueError(f"{cfg} needs {need} bytes of shared memory, more than the "
                          f"{SMEM_BYTES} of an H200 SM: fewer stages or decoded buffers")
-    registers = _registers(cfg)
     bf16_tf = swizzled(128, 16, "decoded")  # (8, 64) tiles, 128B swizzle
     b_shape = (cfg.cta_tile_n, TILE_K) if p.rhs_cols else (TILE_K, cfg.cta_tile_n)
-    if cfg.lhs_in_smem:  # the decoders' lhs buffers
-        a_shape = (cfg.decoded_slots, 2, WG_M, TILE_K)
-    else:  # interpret mode's A operands (unused on the GPU)
-        a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)
+    a_shape = (2, WG_M, TILE_K) if interpret else (1, 8, 64)  # unused on the GPU
     scratch = {
         "a_smem": plgpu.SMEM(a_shape, jnp.bfloat16, transforms=bf16_tf),
         "b_dec_smem": plgpu.SMEM((cfg.decoded_slots, *b_shape), jnp.bfloat16,
                                  transforms=bf16_tf),
-        # Both consumers' halves, or the decoder warpgroups'.
-        "b_full": plgpu.Barrier(num_arrivals=registers.num_decoders or 2,
-                                num_barriers=cfg.decoded_slots),
+        "b_full": plgpu.Barrier(num_arrivals=2, num_barriers=cfg.decoded_slots),  # both halves
     }
-    if cfg.decoded_slots == 2 or registers.decoder:
-        scratch["b_free"] = plgpu.Barrier(num_arrivals=2, num_barriers=cfg.decoded_slots)
+    if cfg.decoded_slots == 2:
+        scratch["b_free"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
     # Without Pallas' automatic barriers (unless cfg.auto_barriers): the decoded buffers
     # are ordered by their barrier (each thread fences its stores first); the epilogue
     # places its own barriers.
     return sk.call_gemm(functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
                         (lhs_d, lhs_s, rhs_d, rhs_s, out_scale), p, cfg, interpret,
                         kernel_name="fp4jax_gemm_pipelined", scratch=scratch,
-                        max_out_slots=_out_slots_that_fit(p, cfg, bits),
-                        warpgroups=registers.warpgroups)
+                        max_out_slots=_out_slots_that_fit(p, cfg, bits))

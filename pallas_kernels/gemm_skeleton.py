@@ -67,12 +67,11 @@ class Problem:
 def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
            out_type: jax.ShapeDtypeStruct, num_tiles: int, num_ctas: int | None,
            kernel_name: str, scratch: dict[str, Any], interpret: bool,
-           no_auto_barriers: bool = False, warpgroups: int = 3) -> jax.Array:
+           no_auto_barriers: bool = False) -> jax.Array:
     """Runs ``body(*operand_refs, out_ref, **scratch_refs)`` on ``operands`` as a
-    persistent kernel: ``warpgroups`` warpgroups per CTA (axis ``"wg"``; 3: two
-    consumers and the producer, more with decoders, `RegisterBudget`), ``num_ctas`` CTAs
-    (default one per SM) but at most one per tile (axis ``"sm"``); ``no_auto_barriers``
-    drops Pallas' automatic barriers (the body must place its own)."""
+    persistent kernel: 3 warpgroups per CTA (axis ``"wg"``), ``num_ctas`` CTAs (default
+    one per SM) but at most one per tile (axis ``"sm"``); ``no_auto_barriers`` drops
+    Pallas' automatic barriers (the body must place its own)."""
     grid = tp.grid_size(num_tiles, num_ctas=num_ctas, ctas_per_sm=1, interpret=interpret)
     kernel = plgpu.kernel(
         body,
@@ -80,7 +79,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
         grid=(grid,),
         grid_names=("sm",),
         kernel_name=kernel_name,
-        num_threads=warpgroups,
+        num_threads=3,
         thread_name="wg",
         scratch_types=scratch,
         compiler_params=tp.lane_params(unsafe_no_auto_barriers=no_auto_barriers),
@@ -94,72 +93,6 @@ MEMORY_REGISTERS = 40
 warpgroups get the rest of the 64K register file: (512 − 40) / 2 → 232 per thread."""
 CONSUMER_REGISTERS = (512 - MEMORY_REGISTERS) // 2 // 8 * 8
 NUM_CONSUMERS = 2
-PRODUCER = NUM_CONSUMERS
-"""The producer's warpgroup index (the consumers are 0 and 1, decoders from 3 on)."""
-FIRST_DECODER = NUM_CONSUMERS + 1
-
-
-@dataclasses.dataclass(frozen=True)
-class RegisterBudget:
-    """Registers per thread of each role (``setmaxnreg``; multiples of 8, 24 to 256) that
-    together fill the 64K register file.
-
-    Attributes:
-      consumers: each of the two consumer warpgroups.
-      producer: the TMA producer warpgroup.
-      decoder: each decoder warpgroup, which only decodes (None: none).
-      decoders: decoder warpgroups (with ``decoder``).
-    """
-
-    consumers: int = CONSUMER_REGISTERS
-    producer: int = MEMORY_REGISTERS
-    decoder: int | None = None
-    decoders: int = 1
-
-    def __post_init__(self):
-        extra = [] if self.decoder is None else [self.decoder] * self.decoders
-        roles = [self.consumers, self.producer, *extra]
-        if any(r % 8 or not 24 <= r <= 256 for r in roles):
-            raise ValueError(f"register budgets must be multiples of 8 in [24, 256], got {self}")
-        if self.decoders < 1:
-            raise ValueError(f"decoders must be >= 1, got {self.decoders}")
-        # setmaxnreg moves registers within the pool the CTA launched with (its even
-        # share times its threads): the producer and decoders decrease to their budgets,
-        # the consumers increase to theirs, and an increase the pool cannot grant waits
-        # forever. With 5 warpgroups the share is 96, so the pool is 61440, not 65536.
-        share = self.launch_share
-        if NUM_CONSUMERS * self.consumers + sum(roles[1:]) > share * self.warpgroups:
-            raise ValueError(f"{self} needs more than the {128 * share * self.warpgroups} "
-                             f"registers its {self.warpgroups} warpgroups launch with "
-                             f"({share} per thread)")
-        if max(roles[1:]) > share or self.consumers < share:
-            raise ValueError(f"{self}: the producer and decoders need at most, the consumers "
-                             f"at least, the launch's {share} registers per thread")
-
-    @property
-    def launch_share(self) -> int:
-        """Registers per thread at launch: the register file over the CTA's threads."""
-        return 65536 // (128 * self.warpgroups) // 8 * 8
-
-    @property
-    def num_decoders(self) -> int:
-        """Decoder warpgroups per CTA."""
-        return 0 if self.decoder is None else self.decoders
-
-    @property
-    def warpgroups(self) -> int:
-        """Warpgroups per CTA."""
-        return NUM_CONSUMERS + 1 + self.num_decoders
-
-    @classmethod
-    def with_decoder(cls, decoder: int, decoders: int = 1) -> RegisterBudget:
-        """The producer's `MEMORY_REGISTERS`, ``decoders`` decoders of ``decoder``
-        registers each, and the consumers the rest of the launch's pool."""
-        warpgroups = NUM_CONSUMERS + 1 + decoders
-        pool = 65536 // (128 * warpgroups) // 8 * 8 * warpgroups
-        rest = pool - MEMORY_REGISTERS - decoders * decoder
-        return cls(consumers=rest // NUM_CONSUMERS // 8 * 8, decoder=decoder,
-                   decoders=decoders)
 
 RunK = Callable[[Callable[..., Any], Any], None]
 """``run_k(mma_body, acc_ref)``: one output tile's K loop in a consumer warpgroup; per K
@@ -175,11 +108,8 @@ def _block(spec: plgpu.BlockSpec, k: jax.Array) -> tuple[Any, ...]:
 def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                   stages: int, k_steps: int, num_tiles: int,
                   tile_operands: Callable[[plgpu.NDLoopInfo], Sequence[Any]],
-                  consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]],
-                  decoder: Callable[[int], Callable[[plgpu.NDLoopInfo], Callable[..., Any]]]
-                  | None = None,
-                  registers: RegisterBudget = RegisterBudget(),
-                  delay_release: bool = False) -> None:
+                  consumer: Callable[[jax.Array], Callable[[plgpu.NDLoopInfo, RunK], None]]
+                  ) -> None:
     """The warp-specialized, persistent K pipeline of every GEMM kernel here.
 
     The producer warpgroup (``wg == NUM_CONSUMERS``) and the consumer warpgroups each
@@ -205,10 +135,7 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
     returned, which must therefore have finished reading the stage's buffers (its own
     ``wgmma`` waits, or ``wgmma`` operands decoded elsewhere). The producer waits for
     ``empty`` before it reuses a slot. Phases follow from every thread waiting on each of
-    its barriers once per use, in order. Decoder warpgroups (``wg == FIRST_DECODER + i``,
-    ``registers.decoders`` of them) run the K-step body ``decoder(i)(info)`` of each tile
-    through the same stages, and ``empty`` then waits for their arrivals too (their
-    bodies must have finished reading the stage's buffers).
+    its barriers once per use, in order.
 
     Args:
       in_specs: per operand, the block of one K step (``index_map(k)``) and its SMEM
@@ -220,55 +147,18 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
       tile_operands: the GMEM refs of one tile's operands (``k_steps`` blocks each).
       consumer: ``consumer(wg)`` runs once per consumer warpgroup before its tile loop
         and returns the per-tile function.
-      decoder: ``decoder(i)`` runs once per decoder warpgroup (its index ``i``, a Python
-        int) before its tile loop; ``decoder(i)(info)`` returns the tile's K-step body,
-        ``body((k,), *stage_refs, None)`` (None: no decoders).
-      registers: the roles' register budgets (with decoders: ``registers.decoder``).
-      delay_release: the consumers release each stage one K step late, after the next
-        step's body returned, and the last one after ``wgmma_wait(0)``: a body that
-        ends with ``wgmma_wait(1)`` (its last ``wgmma`` may still read the stage) then
-        overlaps that ``wgmma`` with the next step's decode. Needs ``stages >= 2``
-        (or a single K step per tile).
     """
-    if (decoder is None) != (registers.decoder is None):
-        raise ValueError("a decoder warpgroup needs registers.decoder, and only it")
     # A configuration's SMEM budget counts at most one tile's K steps in flight.
     stages = min(stages, k_steps)
     smem = [plgpu.SMEM((stages, *spec.block_shape), dtype, transforms=spec.transforms)
             for spec, dtype in zip(in_specs, dtypes)]
 
-    if delay_release and stages < 2 and k_steps > 1:  # one slot, released after its reuse
-        raise ValueError(f"delay_release needs at least 2 stages, got {stages}")
-
-    def run_k_of(info: plgpu.NDLoopInfo, bufs, full, empty, delayed: bool) -> RunK:
-        def slot_of(k):
-            return lax.rem(info.local_index * k_steps + k, stages)
-
-        def run_k(body, acc_ref):
-            @pl.loop(0, k_steps)
-            def _k(k):
-                slot = slot_of(k)
-                plgpu.barrier_wait(full.at[slot])
-                body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
-                if not delayed:
-                    plgpu.barrier_arrive(empty.at[slot])
-                    return
-
-                @pl.when(k >= 1)
-                def _():
-                    plgpu.barrier_arrive(empty.at[slot_of(k - 1)])
-
-            if delayed:  # the last step's wgmma still reads its stage
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(empty.at[slot_of(k_steps - 1)])
-        return run_k
-
     def scope(*bufs, full, empty):
         wg = lax.axis_index("wg")
 
-        @pl.when(wg == PRODUCER)
+        @pl.when(wg == NUM_CONSUMERS)
         def _producer():
-            plgpu.set_max_registers(registers.producer, action="decrease")
+            plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
@@ -297,31 +187,26 @@ def role_pipeline(in_specs: Sequence[plgpu.BlockSpec], dtypes: Sequence[Any], *,
                     def _(step):
                         plgpu.barrier_wait(empty.at[lax.rem(step, stages)])
 
-        def run_readers(budget: int, action: str, per_tile, delayed: bool):
-            """A reader role: its register budget, then its loop over the CTA's tiles."""
-            plgpu.set_max_registers(budget, action=action)
+        @pl.when(wg < NUM_CONSUMERS)
+        def _consumers():
+            per_tile = consumer(wg)
+            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
 
             @plgpu.nd_loop((num_tiles,), collective_axes="sm")
             def _tile(info: plgpu.NDLoopInfo):
-                per_tile(info, run_k_of(info, bufs, full, empty, delayed))
+                def run_k(mma_body, acc_ref):
+                    @pl.loop(0, k_steps)
+                    def _k(k):
+                        slot = lax.rem(info.local_index * k_steps + k, stages)
+                        plgpu.barrier_wait(full.at[slot])
+                        mma_body((k,), *(buf.at[slot] for buf in bufs), acc_ref)
+                        plgpu.barrier_arrive(empty.at[slot])
 
-        def run_decoder(i: int):
-            tile_body = decoder(i)
-            # Below the launch's share (64K over 512 or more threads): a decrease.
-            run_readers(registers.decoder, "decrease",
-                        lambda info, run_k: run_k(tile_body(info), None), False)
+                per_tile(info, run_k)
 
-        for i in range(registers.num_decoders):
-            pl.when(wg == FIRST_DECODER + i)(functools.partial(run_decoder, i))
-
-        @pl.when(wg < NUM_CONSUMERS)
-        def _consumers():
-            run_readers(registers.consumers, "increase", consumer(wg), delay_release)
-
-    readers = NUM_CONSUMERS + registers.num_decoders
     pl.run_scoped(scope, *smem,
                   full=plgpu.Barrier(num_arrivals=len(in_specs), num_barriers=stages),
-                  empty=plgpu.Barrier(num_arrivals=readers, num_barriers=stages),
+                  empty=plgpu.Barrier(num_arrivals=NUM_CONSUMERS, num_barriers=stages),
                   collective_axes="wg")
 
 
@@ -349,10 +234,7 @@ Mainloop = Callable[[jax.Array], Callable[[plgpu.NDLoopInfo], TileMainloop]]
 
 def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningConfig, *,
                     lhs_transforms: tuple[Any, ...], rhs_transforms: tuple[Any, ...],
-                    rhs_scale_tiles: bool, mainloop: Mainloop,
-                    decoder: Callable[[int], Callable[[plgpu.NDLoopInfo], Callable[..., Any]]]
-                    | None = None,
-                    registers: RegisterBudget = RegisterBudget()) -> None:
+                    rhs_scale_tiles: bool, mainloop: Mainloop) -> None:
     """One persistent CTA: loops over output tiles, pipelines packed K-tiles, stores.
 
     Args:
@@ -371,10 +253,6 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
       rhs_transforms: those of the rhs codes.
       rhs_scale_tiles: an rhs stored (N/2, K) comes with one factor per 16×16 tile.
       mainloop: the decode and ``wgmma`` of each K step (`Mainloop`).
-      decoder: ``decoder(i)(info)``, decoder warpgroup ``i``'s body of one K step of a
-        tile (`role_pipeline`), ``(idx, lhs_smem, lhs_scales_smem, rhs_smem,
-        rhs_scales_smem, acc_ref=None)``; None: none.
-      registers: the roles' register budgets.
     """
     lhs_gmem, lhs_scales_gmem, rhs_gmem, rhs_scales_gmem, out_scale_gmem, out_gmem = gmem
     tk, cta_tm, cta_tn = cfg.tile_k, cfg.cta_tile_m, cfg.cta_tile_n
@@ -459,8 +337,7 @@ def persistent_gemm(gmem: Sequence[Any], out_smem: Any, p: Problem, cfg: TuningC
                                                rhs_scales_gmem)],
                   stages=cfg.max_concurrent_steps, k_steps=k_per_split // tk,
                   num_tiles=p.batch * cfg.k_splits * m_iters * n_iters,
-                  tile_operands=tile_operands, consumer=consumer,
-                  decoder=decoder, registers=registers)
+                  tile_operands=tile_operands, consumer=consumer)
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
@@ -502,8 +379,7 @@ def output_type(p: Problem, cfg: TuningConfig) -> jax.ShapeDtypeStruct:
 
 def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Problem,
               cfg: TuningConfig, interpret: bool, *, kernel_name: str,
-              scratch: dict[str, Any], max_out_slots: int = 2,
-              warpgroups: int = 3) -> jax.Array:
+              scratch: dict[str, Any], max_out_slots: int = 2) -> jax.Array:
     """Launches a `persistent_gemm` kernel ``body(*gmem, out_smem=, **scratch)``.
 
     Args:
@@ -516,7 +392,6 @@ def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Probl
       kernel_name: the kernel's name (in profiles and dumps).
       scratch: the mainloop's shared-memory buffers and barriers.
       max_out_slots: a cap on the epilogue slots (shared-memory budget).
-      warpgroups: per CTA (`RegisterBudget.warpgroups`).
 
     Returns:
       `output_type`.
@@ -533,4 +408,4 @@ def call_gemm(body: Callable[..., None], operands: Sequence[jax.Array], p: Probl
     return launch(body, operands, out_type=out_type, num_tiles=num_tiles,
                   num_ctas=cfg.num_sms, kernel_name=kernel_name,
                   scratch={"out_smem": out_smem, **scratch}, interpret=interpret,
-                  no_auto_barriers=not cfg.auto_barriers, warpgroups=warpgroups)
+                  no_auto_barriers=not cfg.auto_barriers)

@@ -18,12 +18,10 @@ register layouts of each.
 * A consumer warpgroup decodes its 128 columns straight into the WGMMA register layout
   (`gemm_skinny_decode.decode_tile`: ``e2m1 · s · 2**-8``, exact) and issues ``wgmma``
   with the activations' tile from SMEM as B (a free transposed view).
-* Options (`SkinnyConfig`, not the default until measured faster on the H200):
-  ``overlap_steps`` overlaps a step's last ``wgmma`` with the next step's decode (each
-  stage released one step late); ``decoders`` (2 or 4) moves the weight's decode to
-  decoder warpgroups that write it to shared memory, two buffers per consumer with a
-  full and a free barrier each, and the consumers only multiply: more warps decoding
-  per SM, for a kernel that Nsight Compute showed latency-bound (eighth session).
+* Tried on an H200 and dropped: overlapping a step's last ``wgmma`` with the next
+  step's decode (no faster) and decoder warpgroups that decode the weight into shared
+  memory for the consumers (slower); docs/BENCHMARKS.md, tenth session, and the code in
+  commits 3b0b56c and c712f58.
 * The activations (at most 64 × K) are decoded by XLA to ``e2m1 · s`` in BF16 (exact;
   a few hundred KB) before the launch (dgrad: with the kernel's column order).
 * The epilogue multiplies the float32 accumulator by ``2**8`` (exact) and, unless K is
@@ -99,8 +97,8 @@ def _in_specs(p: Problem, tk: int) -> list:
             x]
 
 
-def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=None,
-            w_full=None, w_free=None, *, p: Problem, cfg: SkinnyConfig, interpret: bool):
+def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem,
+            *, p: Problem, cfg: SkinnyConfig, interpret: bool):
     """One persistent CTA: loops over (K split, 256-column) tiles, pipelines K.
 
     Refs (GMEM): ``w_gmem`` uint8 codes, (K/2, N) (fprop) or (N/2, K) (dgrad);
@@ -108,9 +106,6 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
     K/16); ``x_gmem`` (M, K) bf16 decoded activations (dgrad: columns permuted within
     16-blocks, `gemm_skinny_decode.column_permutation`); ``out_scale_gmem`` (1,)
     float32; ``out_gmem`` (M, N) out dtype, or (k_splits, M, N) float32 partial sums.
-    With ``cfg.decoders``: ``w_dec`` (2 slots, 2 consumers, 128, tile_k/k_substeps) the
-    decoded weight parts, ``w_full`` / ``w_free`` (2, 2) their barriers (one writer,
-    one reader each).
     """
     variant = sl.VARIANTS[p.variant]
     tk, rows, fprop = cfg.tile_k, WG_ROWS, p.variant == "fprop"
@@ -135,16 +130,6 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
             return w_gmem.at[kp_sl, n_sl], ws_gmem.at[ks_sl, ns_sl], x_gmem.at[:, k_sl]
         return w_gmem.at[np_sl, k_sl], ws_gmem.at[ns_sl, ks_sl], x_gmem.at[:, k_sl]
 
-    parts, k_steps = cfg.k_substeps, kps // tk
-
-    def part_of(info: plgpu.NDLoopInfo, k, h):
-        """The CTA's flat count of weight parts (tiles × K steps × parts)."""
-        return (info.local_index * k_steps + k) * parts + h
-
-    def slot_of(q, h):
-        # Two buffers: with an even number of parts, part h always uses buffer h % 2.
-        return h % 2 if parts % 2 == 0 else lax.rem(q, 2)
-
     def part_tiles(c, h, idx, w_smem, ws_smem):
         """The code and scale tiles of consumer ``c``'s 128 weight rows, part ``h``."""
         c_rows, c_scales = pl.ds(c * rows, rows), pl.ds(c * (rows // BLOCK), rows // BLOCK)
@@ -154,70 +139,6 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
         col = (idx[0] * (tk // BLOCK)) % _SCALE_BLOCK + h * (tks // BLOCK)
         return (w_smem.at[pl.ds(c * (rows // 2), rows // 2), pl.ds(h * tks, tks)],
                 ws_smem.at[c_scales, pl.ds(col, tks // BLOCK)])
-
-    def multiply_decoded(wg, info):
-        """The consumers' body with decoder warpgroups: per part, wait for the decoded
-        weight, multiply, and release the previous part's buffer once its wgmma
-        retired (the stage's x tile stays read by the last part: ``delay_release``)."""
-        def mma_body(idx, w_smem, ws_smem, x_smem, acc_ref):
-            del w_smem, ws_smem
-            for h in range(parts):
-                q = part_of(info, idx[0], h)
-                slot = slot_of(q, h)
-                plgpu.barrier_wait(w_full.at[slot, wg])
-                plgpu.wgmma(acc_ref, w_dec.at[slot, wg], x_smem.at[:, pl.ds(h * tks, tks)].T)
-                plgpu.wgmma_wait(1)
-                release(q, h, wg)
-            return acc_ref
-        return mma_body
-
-    def release(q, h, wg):
-        @pl.when(q >= 1)
-        def _():
-            plgpu.barrier_arrive(w_free.at[slot_of(q - 1, h - 1), wg])
-
-    def decoder(d: int):
-        """Decoder ``d``: consumer ``d % 2``'s weight rows, every part (2 decoders) or
-        the parts of parity ``d // 2`` (4), into the part's buffer, once the consumer
-        released that buffer's previous part."""
-        c = d % 2
-        mine = [h for h in range(parts) if cfg.decoders == 2 or h % 2 == d // 2]
-
-
-        def tile_body(info: plgpu.NDLoopInfo):
-            total = info.num_local_steps * k_steps * parts
-
-            def body(idx, w_smem, ws_smem, x_smem, acc_ref=None):
-                del x_smem, acc_ref
-                for h in mine:
-                    q = part_of(info, idx[0], h)
-                    slot = slot_of(q, h)
-                    acquire(q, slot, c)
-                    codes, scales = part_tiles(c, h, idx, w_smem, ws_smem)
-                    w_dec.at[slot, c][...] = sd.decode_tile(variant, codes, scales,
-                                                           interpret=interpret)
-                    plgpu.commit_smem()  # visible to the async proxy (wgmma)
-                    plgpu.barrier_arrive(w_full.at[slot, c])
-
-                # After the CTA's last part, observe the releases not yet waited for.
-                @pl.when(part_of(info, idx[0], parts - 1) == total - 1)
-                def _drain():
-                    @pl.loop(jnp.maximum(total - 2, 0), total - 1)
-                    def _(q):
-                        if cfg.decoders == 2:  # this decoder's buffers, both
-                            plgpu.barrier_wait(w_free.at[lax.rem(q, 2), c])
-                            return
-
-                        @pl.when(lax.rem(q, 2) == d // 2)  # its parity's buffer
-                        def _():
-                            plgpu.barrier_wait(w_free.at[lax.rem(q, 2), c])
-            return body
-        return tile_body
-
-    def acquire(q, slot, c):
-        @pl.when(q >= 2)
-        def _():
-            plgpu.barrier_wait(w_free.at[slot, c])
 
     def consumer(wg):
         wg_rows = pl.ds(wg * rows, rows)
@@ -231,14 +152,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
                     a_smem.at[wg][...] = a
                     a = a_smem.at[wg]
                 plgpu.wgmma(acc_ref, a, x_smem.at[:, pl.ds(h * tks, tks)].T)
-                if cfg.overlap_steps:
-                    # Retires the previous part's wgmma: the next part reuses its A
-                    # registers (two parts: a step's part h, the next step's part h).
-                    plgpu.wgmma_wait(1)
-            if not cfg.overlap_steps:
-                plgpu.wgmma_wait(0)  # the stage's x tile is wgmma's B: read before release
-            # (With overlap_steps the release waits a step: the last part's wgmma still
-            # reads the stage.)
+            plgpu.wgmma_wait(0)  # the stage's x tile is wgmma's B: read before release
             return acc_ref
 
         def per_tile(info: plgpu.NDLoopInfo, run_k: sk.RunK):
@@ -246,7 +160,7 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
 
             @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((rows, p.m), jnp.float32))
             def _acc_scope(acc_ref):
-                run_k(multiply_decoded(wg, info) if cfg.decoders else mma_body, acc_ref)
+                run_k(mma_body, acc_ref)
                 acc = acc_ref[...] * sd.ACC_UNSCALE  # exact: undoes the weight's 2**-8
                 if cfg.k_splits > 1:
                     out_tile = out_gmem.at[ks]
@@ -258,19 +172,9 @@ def _kernel(w_gmem, ws_gmem, x_gmem, out_scale_gmem, out_gmem, a_smem, w_dec=Non
         return per_tile
 
     sk.role_pipeline(in_specs, (w_gmem.dtype, ws_gmem.dtype, x_gmem.dtype),
-                     stages=cfg.max_concurrent_steps, k_steps=k_steps,
+                     stages=cfg.max_concurrent_steps, k_steps=kps // tk,
                      num_tiles=cfg.k_splits * n_iters, tile_operands=tile_operands,
-                     consumer=consumer, decoder=decoder if cfg.decoders else None,
-                     registers=registers(cfg),
-                     delay_release=cfg.overlap_steps or bool(cfg.decoders))
-
-
-def registers(cfg: SkinnyConfig) -> sk.RegisterBudget:
-    """The roles' register budgets: `gemm_skeleton`'s default, or with decoder
-    warpgroups ``cfg.decoders`` of ``cfg.decoder_registers`` and the consumers the rest."""
-    if not cfg.decoders:
-        return sk.RegisterBudget()
-    return sk.RegisterBudget.with_decoder(cfg.decoder_registers, cfg.decoders)
+                     consumer=consumer)
 
 
 def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
@@ -295,24 +199,16 @@ def call_kernel(w_codes, w_scales, x, out_scale, p: Problem, cfg: SkinnyConfig,
     split = cfg.k_splits > 1
     out_dtype = jnp.float32 if split else p.out_dtype
     out_shape = ((cfg.k_splits,) if split else ()) + (p.m, p.n)
-    tks = cfg.tile_k // cfg.k_substeps
-    a_shape = (2, WG_ROWS, tks) if interpret else (1, 8, 64)
-    scratch = {"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
-                                    transforms=swizzled(128, 16, "skinny"))}
-    if cfg.decoders:
-        scratch |= {
-            "w_dec": plgpu.SMEM((2, 2, WG_ROWS, tks), jnp.bfloat16,
-                                transforms=swizzled(128, 16, "skinny")),
-            "w_full": plgpu.Barrier(num_arrivals=1, num_barriers=(2, 2)),
-            "w_free": plgpu.Barrier(num_arrivals=1, num_barriers=(2, 2)),
-        }
+    a_shape = (2, WG_ROWS, cfg.tile_k // cfg.k_substeps) if interpret else (1, 8, 64)
     return sk.launch(
         functools.partial(_kernel, p=p, cfg=cfg, interpret=interpret),
         (w_codes, w_scales, x, out_scale),
         out_type=jax.ShapeDtypeStruct(out_shape, out_dtype),
         num_tiles=cfg.k_splits * (p.n // SKINNY_CTA_N), num_ctas=cfg.num_sms,
-        kernel_name="fp4jax_gemm_skinny", scratch=scratch, interpret=interpret,
-        warpgroups=registers(cfg).warpgroups)
+        kernel_name="fp4jax_gemm_skinny",
+        scratch={"a_smem": plgpu.SMEM(a_shape, jnp.bfloat16,
+                                      transforms=swizzled(128, 16, "skinny"))},
+        interpret=interpret)
 
 
 def decode_activations(lhs: NVFP4Array, m_pad: int, variant: str = "fprop") -> jax.Array:

@@ -198,11 +198,7 @@ def _sweep(quantize, nk: int = 8192, interpret: bool = False, *,
             {"max_concurrent_steps": 4}, {"max_concurrent_steps": 8},
             {"tile_k": 256, "max_concurrent_steps": 4},
             {"tile_k": 256, "k_splits": max(1, base.k_splits // 2), "max_concurrent_steps": 3},
-            {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4},
-            {"k_substeps": 2, "overlap_steps": True},
-            {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4, "overlap_steps": True},
-            {"k_substeps": 2, "decoders": 2, "max_concurrent_steps": 3},
-            {"k_substeps": 2, "decoders": 4, "max_concurrent_steps": 3})]
+            {"k_substeps": 2}, {"tile_k": 256, "k_substeps": 2, "max_concurrent_steps": 4})]
         variants = list(dict.fromkeys(variants))  # distinct, in order
     copies = 2 if interpret else timing.sets_to_defeat_l2(nk * nk // 2)
     qw = [quantize(jax.random.normal(jax.random.key(i), (nk, nk), jnp.bfloat16),

@@ -226,16 +226,6 @@ def test_config_validation():
         dataclasses.replace(PIPELINED_CONFIG, decoded_slots=4)
     with pytest.raises(ValueError, match="applies to mainloop='pipelined' only"):
         TuningConfig(decoded_slots=2)
-    with pytest.raises(ValueError, match="rhs_decoder_registers applies to"):
-        TuningConfig(rhs_decoder_registers=40)
-    with pytest.raises(ValueError, match="rhs_decoder_registers=44 must be a multiple of 8"):
-        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=44)
-    with pytest.raises(ValueError, match="rhs_decoders must be 1 or 2"):
-        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40, rhs_decoders=3)
-    with pytest.raises(ValueError, match="rhs_decoders applies with rhs_decoder_registers"):
-        dataclasses.replace(PIPELINED_CONFIG, rhs_decoders=2)
-    with pytest.raises(ValueError, match="lhs_in_smem needs rhs_decoders=2"):
-        dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64, lhs_in_smem=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -256,24 +246,6 @@ INTERPRET_CASES = {
     "wgrad_exact": ("wgrad", (256, 256, 256), True, "float32", _cfg()),
     # Three decoded buffers and no release barrier, across tiles.
     "fprop_three_slots": ("fprop", (256, 256, 256), True, "float32", _cfg(decoded_slots=3)),
-    # A decoder warpgroup for the rhs, with two and three buffers, across tiles.
-    "fprop_decoder": ("fprop", (256, 256, 256), True, "float32",
-                      _cfg(rhs_decoder_registers=40)),
-    "dgrad_decoder_three_slots_bf16": ("dgrad", (256, 256, 256), True, "bfloat16",
-                                       _cfg(rhs_decoder_registers=40, decoded_slots=3)),
-    # Two decoder warpgroups, one half each.
-    "dgrad_two_decoders": ("dgrad", (256, 256, 256), True, "float32",
-                           _cfg(rhs_decoder_registers=40, rhs_decoders=2)),
-    "fprop_two_decoders_three_slots_bf16": ("fprop", (256, 256, 256), True, "bfloat16",
-                                            _cfg(rhs_decoder_registers=40, rhs_decoders=2,
-                                                 decoded_slots=3)),
-    # The decoders decode the lhs too, into shared memory; the consumers only multiply.
-    "fprop_lhs_in_smem": ("fprop", (256, 256, 256), True, "float32",
-                          _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
-    "wgrad_lhs_in_smem_bf16": ("wgrad", (256, 256, 256), True, "bfloat16",
-                               _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
-    "dgrad_lhs_in_smem": ("dgrad", (256, 256, 256), True, "float32",
-                          _cfg(rhs_decoder_registers=64, rhs_decoders=2, lhs_in_smem=True)),
 }
 
 
@@ -293,16 +265,10 @@ def test_interpret_matches_reference(name):
 def test_lowers_for_cuda(layout):
     """8192³ (float32 output: the largest epilogue buffer) and 4096³ (bfloat16) lower for
     CUDA on this host; with a fourth TMA stage in the shared memory two decoded buffers
-    free, with three buffers, and with a decoder warpgroup."""
+    free, and with three buffers."""
     cases = [(8192, jnp.float32, PIPELINED_CONFIG), (4096, jnp.bfloat16, PIPELINED_CONFIG),
              (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, max_concurrent_steps=4)),
-             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3)),
-             (8192, jnp.bfloat16, dataclasses.replace(PIPELINED_CONFIG,
-                                                      rhs_decoder_registers=40)),
-             (4096, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     rhs_decoders=2)),
-             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64,
-                                                     rhs_decoders=2, lhs_in_smem=True))]
+             (8192, jnp.float32, dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3))]
     for size, dtype, cfg in cases:
         lhs, rhs, kw = abstract_layout_operands(layout, size, size, size)
         f = jax.jit(functools.partial(gemm.matmul, config=cfg, preferred_element_type=dtype,
@@ -312,12 +278,11 @@ def test_lowers_for_cuda(layout):
 
 
 def test_a_config_over_the_shared_memory_is_refused_by_name():
-    """Three decoded buffers of both operands and 3 stages need more than an SM's 227 KB
-    of shared memory: a ValueError naming the config and the bytes, at trace time."""
-    cfg = dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64, rhs_decoders=2,
-                              lhs_in_smem=True, decoded_slots=3)
+    """Three decoded buffers and 4 stages need more than an SM's 227 KB of shared
+    memory: a ValueError naming the config and the bytes, at trace time."""
+    cfg = dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3, max_concurrent_steps=4)
     lhs, rhs, kw = abstract_layout_operands("fprop", 1024, 1024, 1024)
-    with pytest.raises(ValueError, match=r"lhs_in_smem=True.*bytes of shared memory"):
+    with pytest.raises(ValueError, match=r"decoded_slots=3.*bytes of shared memory"):
         jax.eval_shape(functools.partial(gemm.matmul, config=cfg, **kw), lhs, rhs)
 
 
@@ -361,16 +326,7 @@ def test_gpu_bitwise_when_sums_are_exact(layout, dtype):
                                  dataclasses.replace(PIPELINED_CONFIG, num_sms=7),
                                  dataclasses.replace(PIPELINED_CONFIG, decoded_slots=3),
                                  dataclasses.replace(PIPELINED_CONFIG,
-                                                     max_concurrent_steps=4, num_sms=5),
-                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40),
-                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=56,
-                                                     decoded_slots=3, num_sms=5),
-                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     k_splits=2),
-                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=40,
-                                                     rhs_decoders=2, num_sms=7),
-                                 dataclasses.replace(PIPELINED_CONFIG, rhs_decoder_registers=64,
-                                                     rhs_decoders=2, lhs_in_smem=True)])
+                                                     max_concurrent_steps=4, num_sms=5)])
 def test_gpu_configs(cfg):
     lhs, rhs, kw = layout_operands("dgrad", 512, 512, 1024, seed=3)
     r = compare_outputs(gemm.matmul(lhs, rhs, config=cfg, **kw), jax.jit(ref_matmul)(lhs, rhs))

@@ -265,22 +265,6 @@ INTERPRET_CASES = {
     "dgrad_m33_exact_bf16_substeps": ((33, 256, 256), "dgrad", True, "bfloat16",
                                       SkinnyConfig(tile_k=256, k_splits=1, num_sms=1,
                                                    k_substeps=2)),
-    # Steps overlapped (each stage released a step late), across tiles and K splits.
-    "m16_overlap_exact": ((16, 512, 1024), "fprop", True, "float32",
-                          SkinnyConfig(k_splits=2, num_sms=2, k_substeps=2,
-                                       overlap_steps=True, max_concurrent_steps=2)),
-    "dgrad_m16_overlap_exact_bf16": ((16, 512, 1024), "dgrad", True, "bfloat16",
-                                     SkinnyConfig(tile_k=256, k_splits=2, num_sms=2,
-                                                  k_substeps=2, overlap_steps=True)),
-    # Decoder warpgroups: 2 (one per consumer, one part per step), 4 (alternate parts),
-    # across tiles and K splits.
-    "m16_two_decoders_exact": ((16, 512, 1024), "fprop", True, "float32",
-                               SkinnyConfig(k_splits=2, num_sms=2, decoders=2)),
-    "m16_four_decoders_exact": ((16, 512, 1024), "fprop", True, "float32",
-                                SkinnyConfig(k_splits=2, num_sms=2, decoders=4, k_substeps=2)),
-    "dgrad_m16_four_decoders_exact": ((16, 512, 1024), "dgrad", True, "float32",
-                                      SkinnyConfig(tile_k=256, k_splits=2, num_sms=2,
-                                                   decoders=4, k_substeps=2)),
 }
 
 
@@ -319,14 +303,6 @@ def test_lowers_for_cuda():
         ((16, 1024, 1024), "fprop", jnp.bfloat16, SkinnyConfig(k_substeps=2, k_splits=2)),
         ((16, 1024, 1024), "dgrad", jnp.bfloat16,
          SkinnyConfig(tile_k=256, k_substeps=2, k_splits=2, max_concurrent_steps=4)),
-        ((16, 8192, 8192), "fprop", jnp.bfloat16,
-         SkinnyConfig(k_substeps=2, overlap_steps=True)),
-        ((16, 8192, 8192), "fprop", jnp.bfloat16,
-         SkinnyConfig(k_substeps=2, decoders=2, max_concurrent_steps=4)),
-        ((64, 8192, 8192), "fprop", jnp.float32,
-         SkinnyConfig(k_substeps=2, decoders=4, max_concurrent_steps=3)),
-        ((16, 8192, 8192), "dgrad", jnp.bfloat16,
-         SkinnyConfig(tile_k=256, k_substeps=2, decoders=4, max_concurrent_steps=2)),
     ]:
         assert "fp4jax_gemm_skinny" in _lowered(*_abstract(m, n, k, layout), config=cfg,
                                                 preferred_element_type=dtype)
@@ -382,14 +358,6 @@ def test_config_validation():
         SkinnyConfig(k_splits=0)
     with pytest.raises(ValueError, match="k_substeps"):
         SkinnyConfig(tile_k=128, k_substeps=4)
-    with pytest.raises(ValueError, match="overlap_steps needs k_substeps >= 2"):
-        SkinnyConfig(overlap_steps=True)
-    with pytest.raises(ValueError, match="decoders must be 0, 2 or 4"):
-        SkinnyConfig(decoders=1)
-    with pytest.raises(ValueError, match="decoders=4 needs an even k_substeps"):
-        SkinnyConfig(decoders=4)
-    with pytest.raises(ValueError, match="decoder_registers=100 must be a multiple of 8"):
-        SkinnyConfig(decoders=2, decoder_registers=100)
 
 
 # ----------------------------------------------------------------------------------------
@@ -428,12 +396,6 @@ def test_gpu_matches_reference(layout, mnk):
     (1, None, "float16"),
     (24, SkinnyConfig(tile_k=256, k_substeps=2, k_splits=1, max_concurrent_steps=3),
      "float32"),
-    (16, SkinnyConfig(tile_k=256, k_substeps=2, overlap_steps=True, k_splits=1), "bfloat16"),
-    (64, SkinnyConfig(tile_k=256, k_substeps=2, overlap_steps=True, k_splits=1,
-                      max_concurrent_steps=2), "float32"),
-    (16, SkinnyConfig(decoders=2, k_splits=1, max_concurrent_steps=3), "bfloat16"),
-    (16, SkinnyConfig(tile_k=256, k_substeps=2, decoders=4, k_splits=1,
-                      max_concurrent_steps=2), "float32"),
 ])
 def test_gpu_bitwise_when_sums_are_exact(layout, m, cfg, dtype):
     """Bit for bit the XLA path when every float32 sum is exact (scales differing from
