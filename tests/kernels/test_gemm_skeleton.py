@@ -89,3 +89,6 @@ def test_consumer_registers_fill_the_register_file():
     assert 128 * (sk.MEMORY_REGISTERS + sk.NUM_CONSUMERS * (sk.CONSUMER_REGISTERS + 8)) > 65536
     launch_share = 65536 // (128 * (sk.NUM_CONSUMERS + 1)) // 8 * 8  # 168
     assert sk.MEMORY_REGISTERS <= launch_share <= sk.CONSUMER_REGISTERS
+    # setmaxnreg draws from the pool the CTA launched with (share x threads), not from
+    # the 64K: a budget over the pool waits forever (five warpgroups hung on an H200).
+    assert total <= 128 * launch_share * (sk.NUM_CONSUMERS + 1)
