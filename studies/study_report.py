@@ -596,6 +596,36 @@ committed results.
 """
 
 
+def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]) -> str:
+    """One row per (study, corpus, tokens/param, variant) with at least one seed paired
+    with BF16: the gap's mean, 95% interval and seeds, in the specs' unit order; studies
+    with ``headline=False`` are left out. Empty when no gap has been measured."""
+    head = ("| study | corpus | tokens/param | variant | gap to BF16 | 95% interval | seeds |")
+    lines = []
+    for spec in specs:
+        if not spec.headline:
+            continue
+        groups = by_group(results.get(spec.name, []))
+        for tpp in spec.tokens_per_param:
+            for corpus in spec.corpora:
+                gaps = paired_gaps(groups.get((corpus, tpp), {}))
+                for v in spec.variants_of(corpus)[1:]:
+                    if not gaps.get(v):
+                        continue
+                    iv = mean_interval(list(gaps[v].values()))
+                    if iv.half_width is None:
+                        cell = "— (one seed)"
+                    else:
+                        lo, hi = iv.mean - iv.half_width, iv.mean + iv.half_width
+                        cell = f"[{lo * 100:+.2f}%, {hi * 100:+.2f}%]" + (
+                            " **too wide**" if iv.wide else "")
+                    lines.append(f"| {spec.name} | {corpus} | {tpp:g} | {v} | "
+                                 f"{_pct(iv.mean)} | {cell} | {iv.n} |")
+    if not lines:
+        return ""
+    return "\n".join([head, "|" + " --- |" * (head.count("|") - 1), *lines])
+
+
 def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures: Path,
                  *, command: str) -> str:
     """Writes ``doc`` (markdown) and the figures for ``specs`` from the results in
@@ -614,9 +644,14 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. "
         "Validation losses are in bits per byte (byte-level models).", "",
     ]
+    results = {spec.name: load_results(spec, dirs[spec.name]) for spec in specs}
+    headline = headline_table(specs, results)
+    if headline:
+        parts += ["## Headline: each recipe's gap to BF16", "",
+                  "Every gap measured so far in the studies below (the pilots and the "
+                  "superseded first attempt aside), paired by seed:", "", headline, ""]
     for spec in specs:
-        parts.append(study_section(spec, load_results(spec, dirs[spec.name]), figures,
-                                   doc_dir))
+        parts.append(study_section(spec, results[spec.name], figures, doc_dir))
     parts.append(HOW_TO_RUN)
     text = "\n".join(parts)
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -177,8 +177,8 @@ def _fake_result(spec, variant, seed, val):
 
 def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
-    gives them, flags the wide one, reports a diverged run apart, draws the figures; with
-    no results it says so."""
+    gives them (in its study's table and in the headline table), flags the wide one,
+    reports a diverged run apart, draws the figures; with no results it says so."""
     spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake",
                                variants=("bf16", "paper", "no_sr", "all_nvfp4"), seeds=SEEDS)
     res = tmp_path / "results"
@@ -205,6 +205,14 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     lo, hi = paper.mean - paper.half_width, paper.mean + paper.half_width
     assert f"[{lo * 100:+.2f}%, {hi * 100:+.2f}%]" in rows["paper"]
     assert "too wide" not in rows["paper"] and "too wide" in rows["no_sr"]
+    headline = text[text.index("## Headline"):text.index("## fake")]
+    assert f"| fake | python | 10 | paper | +1.60% | [{lo * 100:+.2f}%, {hi * 100:+.2f}%] | 3 |" \
+        in headline
+    assert "| fake | python | 10 | no_sr | +3.00% |" in headline and "**too wide**" in headline
+    assert "all_nvfp4" not in headline  # its one seed diverged: no pair with BF16
+    hidden = dataclasses.replace(spec, headline=False)
+    assert study_report.headline_table([hidden], {"fake": study_report.load_results(
+        hidden, res)}) == ""
     assert "+3.00% (n=3)" in rows["no_sr"] and "2.0000 ± 0.0200" in rows["bf16"]
     figs = sorted(p.name for p in (tmp_path / "docs" / "study").iterdir())
     assert figs == ["fake-python-tpp10-curves.png", "fake-python-tpp10-gaps.png",
