@@ -1,15 +1,18 @@
-# Eleventh session, call 2 (<= 9.5 min): issue 9 target 4's loop (the examples' training
-# loop against its own jitted step; last measured 2026-11-30), then issue 12: pure_llama
-# BF16 seeds 6-7 (python) as one seed batch (~100 s) if the time left fits it.
+# Eleventh session, call 2 (<= 9.5 min): issue 9 target 4 beside the all-NVFP4 figures:
+# 1. the examples' training loop against its own jitted step (last measured 2026-11-30);
+# 2. the dim-768 step with the paper's recipe (the last of 4 blocks in BF16: 21 of 29
+#    layers NVFP4) beside BF16, in one process (the all-NVFP4 step was 1.37x, ninth session);
+# 3. issue 12: `plan pure_llama` on the device (is the prose corpus under one epoch at 10
+#    tokens/param there?).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 FINAL=$OUT; L=/tmp/logs; mkdir -p $L
 save() { tar czf $FINAL/logs.tgz -C $L .; }
 timeout 330 python3 benchmarks/train_loop.py --repeats 2 --steps 60 --no-breakdown \
   --out $L/train_loop.json 2>$L/train_loop_stderr.log > $L/train_loop.log
 echo "train loop rc=$?"; tail -8 $L/train_loop.log; save
-timeout 60 python3 studies/validation.py plan pure_llama 2>&1 | head -8 > $L/plan.log; head -8 $L/plan.log
-timeout 200 python3 studies/validation.py run pure_llama --budget-s 190 --seed-batch 2 \
-  --variants bf16 --corpora python --seeds 6,7 --handoff /tmp/hand --compile-cache none \
-  --progress > $L/study.log 2>&1
-echo "study rc=$?"; grep -E "seed batch|finished|stopping|Error" $L/study.log; save
-cp /tmp/hand/results-* $FINAL/ 2>/dev/null; ls $FINAL
+timeout 170 python3 benchmarks/train_step.py --recipes bf16,nvfp4 --impls auto --iters 3 \
+  --dim 768 --keep-last 1 --out $L/step768_keep1.json 2>$L/step768_keep1_stderr.log \
+  > $L/step768_keep1.log
+echo "step 768 keep-last 1 rc=$?"; grep -A4 "^| recipe" $L/step768_keep1.log; save
+timeout 60 python3 studies/validation.py plan pure_llama 2>&1 | head -8 > $L/plan.log
+cut -c1-200 $L/plan.log; save

@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
     add_model_arguments(p)
     p.add_argument("--recipes", default="bf16,nvfp4")
     p.add_argument("--impls", default="auto", help="NVFP4 implementations, comma-separated")
+    p.add_argument("--keep-last", type=int, default=0,
+                   help="NVFP4 recipes: blocks kept in BF16 at the end (the paper's recipe "
+                        "keeps ~15%%: 1 of 4); 0: every block NVFP4")
     p.add_argument("--embed", default="onehot",
                    help="embedding lookups (LlamaConfig.embed_lookup), comma-separated")
     p.add_argument("--tokens", default="corpus", help=f"timed batches from {TOKENS}")
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
         data = {k: token_batch(k, batches, model_cfg.vocab) for k in kinds}
         for recipe in a.recipes.split(","):
             for impl in (a.impls.split(",") if recipe != "bf16" else ["auto"]):
-                cfg = run_config(recipe, batch=a.batch, seq=a.seq, impl=impl)
+                cfg = run_config(recipe, batch=a.batch, seq=a.seq, impl=impl,
+                                 keep_last=a.keep_last if recipe != "bf16" else 0)
                 rows += measure(model_cfg, cfg, data, iters=a.iters, reps=a.reps,
                                 trace_dir=a.trace, hlo_dir=a.hlo)
     for r in rows:  # against BF16 with the same lookup and tokens
