@@ -149,13 +149,12 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         codes = lhs_smem.at[kp, wg_rows] if p.lhs_cols else lhs_smem.at[wg_rows, kp]
         return pd.decode_a(a_op, codes, lhs_s_smem.at[kb, wg_rows], interpret=interpret)
 
-    def multiply(wg, acc_ref, a, slot):
-        """Issues the substep's wgmma (``a``: its A registers) and waits for the previous
-        substep's."""
+    def multiply(wg, acc_ref, a, b_dec):
+        """Issues the substep's wgmma (``a``: its A registers, ``b_dec``: its decoded rhs
+        buffer) and waits for the previous substep's."""
         if interpret:  # interpret-mode wgmma takes SMEM operands only
             a_smem.at[wg][...] = a
             a = a_smem.at[wg]
-        b_dec = b_dec_smem.at[slot]
         plgpu.wgmma(acc_ref, a, b_dec.T if p.rhs_cols else b_dec)
         plgpu.wgmma_wait(1)  # the previous substep's wgmma, not this one's
 
@@ -165,13 +164,6 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
         @pl.when(step >= slots)
         def _():
             plgpu.barrier_wait(b_free.at[slot])
-
-    def release_previous(step, h):
-        """This warpgroup's wgmma of substep ``step - 1`` has retired: its buffer is free
-        for the writers (who wait for both consumers)."""
-        @pl.when(step >= 1)
-        def _():
-            plgpu.barrier_arrive(b_free.at[slot_of(step - 1, h - 1)])
 
     def mainloop(wg):
         def tile(info):
@@ -189,15 +181,19 @@ def _kernel(*gmem, out_smem, a_smem, b_dec_smem, b_full, b_free=None, p: Problem
                     plgpu.commit_smem()  # this thread's stores, visible to the async proxy
                     plgpu.barrier_arrive(b_full.at[slot])
                     plgpu.barrier_wait(b_full.at[slot])  # the other warpgroup's half
-                    multiply(wg, acc_ref, a, slot)
+                    multiply(wg, acc_ref, a, b_dec)
                     if slots == 2:
                         release_previous(step, h)
-                        _observe_last_release(step, h)
                 return acc_ref
 
-            def _observe_last_release(step, h):
-                """After the CTA's last substep, observe its last release (no phase left
-                unseen)."""
+            def release_previous(step, h):
+                """This warpgroup's wgmma of substep ``step - 1`` has retired: its buffer
+                is free for the writers (who wait for both consumers). After the CTA's
+                last substep, observe that last release (no phase left unseen)."""
+                @pl.when(step >= 1)
+                def _():
+                    plgpu.barrier_arrive(b_free.at[slot_of(step - 1, h - 1)])
+
                 @pl.when(step == info.num_local_steps * k_iters * substeps - 1)
                 def _():
                     plgpu.barrier_wait(b_free.at[slot_of(step - 1, h - 1)])
