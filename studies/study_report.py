@@ -247,6 +247,11 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.2f}%"
 
 
+def _interval_text(iv: Interval) -> str:
+    """``[low, high]`` of a gap's 95% interval, in percent (needs a half-width)."""
+    return f"[{_pct(iv.mean - iv.half_width)}, {_pct(iv.mean + iv.half_width)}]"
+
+
 def _mean(xs: list[float | None]) -> float | None:
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -286,7 +291,7 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
             if iv.half_width is None:
                 interval, half = "needs ≥ 2 seeds", "—"
             else:
-                interval = f"[{_pct(iv.mean - iv.half_width)}, {_pct(iv.mean + iv.half_width)}]"
+                interval = _interval_text(iv)
                 half = f"±{iv.half_width * 100:.2f} pp" + (" **too wide**" if iv.wide else "")
         else:
             gap, interval, half = "no finished pair with BF16 yet", "—", "—"
@@ -625,9 +630,7 @@ def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]
                     if iv.half_width is None:
                         cell = "— (one seed)"
                     else:
-                        lo, hi = iv.mean - iv.half_width, iv.mean + iv.half_width
-                        cell = f"[{lo * 100:+.2f}%, {hi * 100:+.2f}%]" + (
-                            " **too wide**" if iv.wide else "")
+                        cell = _interval_text(iv) + (" **too wide**" if iv.wide else "")
                     lines.append(f"| {spec.name} | {corpus} | {tpp:g} | {v} | "
                                  f"{_pct(iv.mean)} | {cell} | {iv.n} |")
     if not lines:
