@@ -240,21 +240,39 @@ def batch_plan(spec: StudySpec, results: Path, size: int, only: dict[str, set] |
             if len(chunk) >= 2]
 
 
-def _batch_wall_s(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
-    """The wall time of the last finished seed batch of the same variant and length."""
-    walls = [r["seed_batch"]["train_wall_s"] for u in spec.units()
-             if (u.variant, u.tokens_per_param) == (units[0].variant, units[0].tokens_per_param)
-             for r in [finished(results, u)] if r and r.get("seed_batch")
-             and len(r["seed_batch"]["seeds"]) >= len(units)]
-    return walls[-1] if walls else None
+UNTIMED_VARIANT_MARGIN = 1.25
+"""How much longer than the slowest timed batch a variant with no timed batch of its own
+is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantizes each
+block twice), so another variant's time is only a guide."""
+
+
+def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
+    """Seconds the seed batch ``units`` is expected to take, from the finished batches'
+    recorded wall times (compilation included), or None when none of this length ran.
+
+    The last batch of the same variant and length with as many seeds or more; failing
+    that, the slowest batch of the same length, scaled up linearly where it had fewer
+    seeds, times `UNTIMED_VARIANT_MARGIN`.
+    """
+    timed = [(u.variant, r["seed_batch"]) for u in spec.units()
+             if u.tokens_per_param == units[0].tokens_per_param
+             for r in [finished(results, u)] if r and r.get("seed_batch")]
+    own = [sb["train_wall_s"] for v, sb in timed
+           if v == units[0].variant and len(sb["seeds"]) >= len(units)]
+    if own:
+        return own[-1]
+    scaled = [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"])) for _, sb in timed]
+    return max(scaled) * UNTIMED_VARIANT_MARGIN if scaled else None
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
                      only: dict[str, set] | None = None, command: str = "",
-                     progress: bool = False, t_begin: float | None = None) -> list[dict]:
+                     progress: bool = False, t_begin: float | None = None,
+                     after_batch: Callable[[], Any] | None = None) -> list[dict]:
     """Runs `batch_plan`'s batches in order while the time left (of ``budget_s`` from
-    ``t_begin``) fits the last comparable batch's wall time; a batch with nothing
-    comparable yet runs. Returns the finished units' results."""
+    ``t_begin``) fits `batch_wall_estimate`; the study's first batch of a length runs
+    unestimated. Calls ``after_batch`` after each finished batch (to hand its results
+    off at once: a call cut off later keeps them). Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
@@ -262,7 +280,7 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     done: list[dict] = []
     for units in batch_plan(spec, results, size, only):
         left = budget_s - (time.perf_counter() - t_begin)
-        need = _batch_wall_s(spec, results, units)
+        need = batch_wall_estimate(spec, results, units)
         names = ", ".join(u.name for u in units)
         if need is not None and left < need:
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "
@@ -284,4 +302,6 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
               + f"; {sb['step_time_s'] * 1e3:.1f} ms per batched step, "
               f"{sb['train_wall_s']:.0f}s", flush=True)
         done += out
+        if after_batch is not None:
+            after_batch()
     return done

@@ -17,6 +17,7 @@ each study in device calls.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,10 @@ def _only(a: argparse.Namespace) -> dict[str, set]:
     if a.seeds:
         only["seed"] = {int(s) for s in a.seeds.split(",")}
     return only
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,11 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         for line in restore_handoff(spec, results, Path(a.resume_from),
                                     None if cache == "none" else Path(cache)):
             print(line, flush=True)
+    # `timeout` (the call scripts' guard) sends SIGTERM: exit through the `finally` below,
+    # so what finished is handed off even when a call is cut off.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if a.seed_batch:
+            def hand_off_results() -> None:
+                if a.handoff:  # results only: the compilation cache waits for the end
+                    pack_handoff(spec, results, Path(a.handoff))
+
             batched = run_seed_batches(spec, results, size=a.seed_batch,
                                        budget_s=a.budget_s - a.reserve_s, only=_only(a),
-                                       command=command, progress=a.progress, t_begin=t_begin)
+                                       command=command, progress=a.progress, t_begin=t_begin,
+                                       after_batch=hand_off_results)
             print(f"[{spec.name}] this call: {len(batched)} units finished in seed batches; "
                   f"{time.perf_counter() - t_begin:.0f}s", flush=True)
         else:

@@ -396,6 +396,72 @@ def test_batch_plan_groups_a_variants_unfinished_seeds():
         seed_batch.batch_plan(spec, "/nonexistent", 1)
 
 
+def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path):
+    """A variant's own batch of as many seeds or more gives its time; a variant never
+    timed gets the slowest batch of the length, scaled to its seed count, times the
+    margin; nothing timed at the length gives None (the batch runs unestimated)."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "four_over_six"), custom_variants=())
+
+    def batch(variant, seeds, wall):
+        for s in seeds:
+            r = _fake_result(spec, variant, s, 1.0)
+            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall}
+            unit_runs.write_json(unit_runs.result_path(tmp_path, study_specs.Unit(
+                "python", 10.0, variant, s)), r)
+
+    def units(variant, seeds):
+        return [study_specs.Unit("python", 10.0, variant, s) for s in seeds]
+
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (0, 1))) is None
+    batch("bf16", (0, 1), 90.0)
+    batch("paper", (0, 1, 2), 200.0)
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (3, 4))) == 200.0
+    margin = seed_batch.UNTIMED_VARIANT_MARGIN
+    assert seed_batch.batch_wall_estimate(
+        spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
+    assert seed_batch.batch_wall_estimate(  # 4 seeds: the 3-seed batch scaled by 4/3
+        spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(
+            200.0 * 4 / 3 * margin)
+
+
+def test_run_seed_batches_hands_off_each_batch_and_stops_before_one_that_cannot_fit(
+        tmp_path, monkeypatch):
+    """After each finished batch the hook runs (so a call cut off later keeps it); a
+    batch whose estimate exceeds the time left is not started, even for a variant not
+    timed before (the failure that lost a finished batch on the H200: an untimed batch
+    was started with 240 s left and killed)."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "four_over_six"), custom_variants=())
+    clock = [0.0]
+    monkeypatch.setattr(seed_batch.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: None)
+
+    def fake_batch(spec, units, results, corpus, **_):
+        clock[0] += 100.0
+        out = []
+        for u in units:
+            r = _fake_result(spec, u.variant, u.seed, 1.0)
+            r["seed_batch"] = {"seeds": [v.seed for v in units], "train_wall_s": 100.0,
+                               "step_time_s": 0.05}
+            unit_runs.write_json(unit_runs.result_path(results, u), r)
+            out.append(r)
+        return out
+
+    monkeypatch.setattr(seed_batch, "run_seed_batch", fake_batch)
+    handed = []
+    done = seed_batch.run_seed_batches(
+        spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0,
+        after_batch=lambda: handed.append(len(list(tmp_path.glob("*.json")))))
+    # bf16 unestimated (0-100 s), paper 100 s (to 200 s); four_over_six needs 125 s > 120.
+    assert [r["variant"] for r in done] == ["bf16", "bf16", "paper", "paper"]
+    assert handed == [2, 4]
+
+
 def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
     """A finished unit of another study is adopted when its recorded run config, model
     (dtype aside), steps and corpus are this study's; one at another learning rate is
