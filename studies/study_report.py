@@ -565,7 +565,8 @@ budget about a minute under the call's limit):
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 studies/validation.py run pure_llama \\
         --budget-s 500 --handoff $OUT --resume-from studies/handoff
 
-Then, here, with the folder of files the call returned (`files_at`):
+(`bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K]]]]` is that
+call, restricted to some units.) Then, here, with the folder of files the call returned (`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
     git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
@@ -584,7 +585,9 @@ More seeds per device second: `run --seed-batch K` trains K seeds of a variant a
 vmapped program (`studies/seed_batch.py`): each seed its own initialization, data order
 and SR keys; the units' JSON records the batch (`seed_batch`), and the batched GEMMs
 sum in another order than a seed's unbatched run. A batch has no checkpoints and must
-finish within its call. On the H200 (noise pilot, 3 seeds, pure_llama's model): BF16
+finish within its call: it starts only when the time of the last batch of its variant
+and length (or, for a variant not yet timed, 1.25× the slowest batch of that length)
+fits what is left, and its results are handed off as soon as it finishes. On the H200 (noise pilot, 3 seeds, pure_llama's model): BF16
 42.3 ms per batched step against 3 × 14.8 ms unbatched, the paper recipe 56.6 ms
 against 3 × 23.5 ms (1.24× more seeds per device second); 121 s and 203 s per batch of
 three units, compilation included.
