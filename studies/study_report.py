@@ -566,7 +566,8 @@ budget about a minute under the call's limit):
         --budget-s 500 --handoff $OUT --resume-from studies/handoff
 
 (`bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K]]]]` is that
-call, restricted to some units.) Then, here, with the folder of files the call returned (`files_at`):
+call, restricted to some units.) Then, here, with the folder of files the call returned
+(`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
     git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
@@ -587,10 +588,10 @@ and SR keys; the units' JSON records the batch (`seed_batch`), and the batched G
 sum in another order than a seed's unbatched run. A batch has no checkpoints and must
 finish within its call: it starts only when the time of the last batch of its variant
 and length (or, for a variant not yet timed, 1.25× the slowest batch of that length)
-fits what is left, and its results are handed off as soon as it finishes. On the H200 (noise pilot, 3 seeds, pure_llama's model): BF16
-42.3 ms per batched step against 3 × 14.8 ms unbatched, the paper recipe 56.6 ms
-against 3 × 23.5 ms (1.24× more seeds per device second); 121 s and 203 s per batch of
-three units, compilation included.
+fits what is left, and its results are handed off as soon as it finishes. On the H200
+(noise pilot, 3 seeds, pure_llama's model): BF16 42.3 ms per batched step against
+3 × 14.8 ms unbatched, the paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds
+per device second); 121 s and 203 s per batch of three units, compilation included.
 
 Another study's finished units that are exactly this study's (the same run config,
 model, steps and corpus) count here after `adopt STUDY --from-study OTHER`; the copy

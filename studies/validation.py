@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     # `timeout` (the call scripts' guard) sends SIGTERM: exit through the `finally` below,
     # so what finished is handed off even when a call is cut off.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if a.seed_batch:
             def hand_off_results() -> None:
@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in pack_handoff(spec, results, Path(a.handoff),
                                      None if cache == "none" else Path(cache)):
                 print(line, flush=True)
+        signal.signal(signal.SIGTERM, previous_sigterm)
     left = [u for u in spec.units() if not finished(results, u)]
     print(f"[{spec.name}] {len(spec.units()) - len(left)} of {len(spec.units())} units done")
     return 0
