@@ -457,6 +457,18 @@ def _link(path: Path, doc_dir: Path) -> str:
         else path.as_posix()
 
 
+def _seed_range(seeds: tuple[int, ...]) -> str:
+    """``0-17`` for a run of consecutive seeds, else the list.
+
+    Example:
+      >>> _seed_range((0, 1, 2, 3)), _seed_range((0, 2))
+      ('0-3', '0, 2')
+    """
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                   doc_dir: Path) -> str:
     """The markdown section of one study (figures written under ``figures``)."""
@@ -467,7 +479,9 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
              f"{', '.join(spec.variants)}"
              + "".join(f" ({c}: only {', '.join(spec.variants_of(c))})"
                        for c, _ in spec.corpus_variants)
-             + f"; seeds {', '.join(map(str, spec.seeds))}.", ""]
+             + f"; seeds {_seed_range(spec.seeds)}"
+             + "".join(f" ({c} {v}: {_seed_range(seeds)})" for c, v, seeds in spec.unit_seeds)
+             + ".", ""]
     if not results:
         lines += [f"**No results yet**: none of the {n_units} units of this study has "
                   f"finished (`python studies/validation.py plan {spec.name}` shows their "

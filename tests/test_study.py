@@ -491,6 +491,34 @@ def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
     assert unit_runs.adopt_units(TINY, dst, same, src)[0].endswith("already finished in tiny")
 
 
+def test_unit_seeds_give_a_corpus_variant_more_seeds_that_all_pair(tmp_path):
+    """``unit_seeds`` replaces the seeds of one corpus's variant (the other corpus and
+    variants keep ``seeds``); seeds the baseline does not run there (unpaired), a
+    variant or corpus the study does not run, an empty or repeated list, and a pair
+    named twice are refused by name."""
+    spec = dataclasses.replace(TINY, corpora=("python", "prose"), seeds=(0, 1),
+                               unit_seeds=(("python", "bf16", (0, 1, 2, 3)),
+                                           ("python", "down_only", (0, 1, 2))))
+    names = [u.name for u in spec.units()]
+    assert names == ([f"python-tpp0.003-bf16-s{s}" for s in range(4)]
+                     + [f"prose-tpp0.003-bf16-s{s}" for s in range(2)]
+                     + [f"python-tpp0.003-down_only-s{s}" for s in range(3)]
+                     + [f"prose-tpp0.003-down_only-s{s}" for s in range(2)])
+    assert spec.seeds_of("prose", "bf16") == (0, 1)
+    assert "(python bf16: 0-3) (python down_only: 0-2)." in study_report.study_section(
+        spec, [], tmp_path, tmp_path)
+    bf16 = ("python", "bf16", (0, 1, 2, 3))
+    for bad, match in [((("python", "down_only", (0, 5)),), r"seeds \[5\] that 'bf16'"),
+                       ((bf16, ("python", "down_only", (0, 1, 4))), r"seeds \[4\]"),
+                       ((("code", "bf16", (0,)),), "names 'bf16' on 'code'"),
+                       ((("python", "no_sr", (0,)),), "names 'no_sr' on 'python'"),
+                       ((("python", "bf16", ()),), "non-empty without repeats"),
+                       ((("python", "bf16", (0, 0)),), "non-empty without repeats"),
+                       ((bf16, bf16), "twice")]:
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(spec, unit_seeds=bad)
+
+
 def test_corpus_variants_restrict_a_corpus_to_some_variants():
     """``corpus_variants`` runs a corpus's units for its variants only (the others run on
     every corpus), the report's table of that corpus lists only them, and a restriction
