@@ -580,8 +580,9 @@ budget about a minute under the call's limit):
         --budget-s 500 --handoff $OUT --resume-from studies/handoff
 
 (`bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K]]]]` is that
-call, restricted to some units.) Then, here, with the folder of files the call returned
-(`files_at`):
+call, restricted to some units; on a machine of several GPUs it deals the variants to
+one process per GPU, each handing off into `$OUT/gpuI`: unpack each folder.) Then, here,
+with the folder of files the call returned (`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
     git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
