@@ -4,9 +4,10 @@
 # when its checkpoint fits the handoff, else restarts. Results (after every seed batch,
 # and at the end), checkpoints and compilation-cache entries come back in $OUT; the
 # log's last 11000 characters are the call's output.
-#   device tool: bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K]]]]
+#   device tool: bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K [S]]]]]
 #   with carry=["studies/handoff"]; VARIANTS etc. comma-separated, "" for all; K > 1
-#   trains K seeds of a variant as one program (no checkpoints, no per-layer diagnostics).
+#   trains K seeds of a variant as one program (no checkpoints, no per-layer diagnostics);
+#   S is the budget in seconds (default 540: the call's 600 less a margin).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT; report.
 #
 # On a machine of several GPUs (nvidia-h200-x2) with VARIANTS given, the variants are
@@ -15,9 +16,10 @@
 # it for studies whose checkpoints do not travel anyway (pure_llama, hybrid).
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 STUDY=${1:?study name}; VARIANTS=${2:-}; CORPORA=${3:-}; SEEDS=${4:-}; K=${5:-0}
+BUDGET=${6:-540}
 run() {  # run EXTRA_ARGS...: the study's run command with this call's restrictions
-  timeout 570 python3 studies/validation.py run "$STUDY" --budget-s 540 --seed-batch "$K" \
-    --corpora "$CORPORA" --seeds "$SEEDS" --progress "$@"
+  timeout $((BUDGET + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$BUDGET" \
+    --seed-batch "$K" --corpora "$CORPORA" --seeds "$SEEDS" --progress "$@"
 }
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
 if [ "$NGPU" -gt 1 ] && [ -n "$VARIANTS" ]; then
