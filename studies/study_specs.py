@@ -216,14 +216,13 @@ class StudySpec:
             if not seeds or len(set(seeds)) != len(seeds):
                 raise ValueError(f"unit_seeds of {variant!r} on {corpus!r} must be non-empty "
                                  f"without repeats, got {seeds}")
-        keys = [(c, v) for c, v, _ in self.unit_seeds]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"unit_seeds names a corpus's variant twice: {keys}")
-        for corpus, variant, seeds in self.unit_seeds:
             unpaired = sorted(set(seeds) - set(self.seeds_of(corpus, BASELINE)))
             if unpaired:
                 raise ValueError(f"unit_seeds gives {variant!r} on {corpus!r} seeds {unpaired} "
                                  f"that {BASELINE!r} does not run there: they would not pair")
+        keys = [(c, v) for c, v, _ in self.unit_seeds]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"unit_seeds names a corpus's variant twice: {keys}")
         if min(self.tokens_per_param) <= 0:
             raise ValueError(f"tokens_per_param must be positive, got {self.tokens_per_param}")
 
