@@ -79,7 +79,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array], *,
         grid=(grid,),
         grid_names=("sm",),
         kernel_name=kernel_name,
-        num_threads=3,
+        num_threads=NUM_CONSUMERS + 1,  # and the producer
         thread_name="wg",
         scratch_types=scratch,
         compiler_params=tp.lane_params(unsafe_no_auto_barriers=no_auto_barriers),
