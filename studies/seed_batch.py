@@ -251,8 +251,10 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
     recorded wall times (compilation included), or None when none of this length ran.
 
     The last batch of the same variant and length with as many seeds or more; failing
-    that, the slowest batch of the same length, scaled up linearly where it had fewer
-    seeds, times `UNTIMED_VARIANT_MARGIN`.
+    that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed
+    count, or where none has that seed count, the slowest batch of the length scaled up
+    linearly where it had fewer seeds (a batch of more seeds bounds it from above: the
+    compilation and evaluations do not shrink with the seed count).
     """
     timed = [(u.variant, r["seed_batch"]) for u in spec.units()
              if u.tokens_per_param == units[0].tokens_per_param
@@ -261,7 +263,9 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
            if v == units[0].variant and len(sb["seeds"]) >= len(units)]
     if own:
         return own[-1]
-    scaled = [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"])) for _, sb in timed]
+    alike = [sb["train_wall_s"] for _, sb in timed if len(sb["seeds"]) == len(units)]
+    scaled = alike or [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"]))
+                       for _, sb in timed]
     return max(scaled) * UNTIMED_VARIANT_MARGIN if scaled else None
 
 

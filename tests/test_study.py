@@ -398,8 +398,9 @@ def test_batch_plan_groups_a_variants_unfinished_seeds():
 
 def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path):
     """A variant's own batch of as many seeds or more gives its time; a variant never
-    timed gets the slowest batch of the length, scaled to its seed count, times the
-    margin; nothing timed at the length gives None (the batch runs unestimated)."""
+    timed gets the slowest batch of the length and seed count, or else the slowest of the
+    length scaled to its seed count, times the margin; nothing timed at the length gives
+    None (the batch runs unestimated)."""
     import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4), tokens_per_param=(10.0,),
@@ -425,6 +426,11 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
     assert seed_batch.batch_wall_estimate(  # 4 seeds: the 3-seed batch scaled by 4/3
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(
             200.0 * 4 / 3 * margin)
+    batch("bf16", (0, 1, 2, 3, 4), 400.0)  # slower, but of more seeds than asked
+    assert seed_batch.batch_wall_estimate(
+        spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
+    assert seed_batch.batch_wall_estimate(  # no 4-seed batch: the 5-seed one bounds it
+        spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(400.0 * margin)
 
 
 def test_run_seed_batches_hands_off_each_batch_and_stops_before_one_that_cannot_fit(
