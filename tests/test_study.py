@@ -196,9 +196,10 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     text = study_report.write_report([spec, empty], {"fake": res, "empty": tmp_path / "none"},
                                      doc, tmp_path / "docs" / "study", command="report")
     assert doc.read_text() == text
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper",
-                                                                         "no_sr")}
+    rows = {}  # each variant's row of the gap table, its first row in the study's section
+    for line in text[text.index("## fake"):].splitlines():
+        if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper", "no_sr"):
+            rows.setdefault(line.split("|")[1].strip(), line)
     paper = study_report.mean_interval(list(GAPS["paper"].values()))
     assert "+1.60% (n=3)" in rows["paper"] and f"±{paper.half_width * 100:.2f} pp" in rows[
         "paper"]
@@ -322,6 +323,35 @@ def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     assert row == (f"| paper (n=3) | {mid.mean * 100:+.2f}% ± {mid.sd * 100:.2f} | "
                    f"{end.mean * 100:+.2f}% ± {end.sd * 100:.2f} | {need} |")
     assert study_report.gap_along_training({"bf16": variants["bf16"]}) == ""
+
+
+def test_against_full_recipe_pairs_each_variant_with_the_paper_recipe_by_seed():
+    """Each row is the variant's loss over the full recipe's on the seeds both finished,
+    with the interval's verdict; BF16, the full recipe itself and a variant with one
+    shared seed have no row."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake",
+                               variants=("bf16", "paper", "no_sr", "no_2d", "no_rht"))
+    paper = {0: 2.00, 1: 2.10, 2: 1.90, 3: 2.05}
+    variants = {"bf16": {s: _fake_result(spec, "bf16", s, 1.9) for s in paper},
+                "paper": {s: _fake_result(spec, "paper", s, v) for s, v in paper.items()},
+                "no_sr": {s: _fake_result(spec, "no_sr", s, paper[s] * (1 + d))
+                          for s, d in {0: 0.010, 1: 0.012, 2: 0.011}.items()},
+                "no_2d": {s: _fake_result(spec, "no_2d", s, paper[s] * (1 + d))
+                          for s, d in {1: -0.02, 2: 0.03, 3: 0.001}.items()},
+                "no_rht": {0: _fake_result(spec, "no_rht", 0, 1.0)}}
+    table = study_report.against_full_recipe(spec, variants, "python")
+    head, _, *rows = table.splitlines()
+    assert [r.split("|")[1].strip() for r in rows] == ["no_sr", "no_2d"]
+    iv = study_report.mean_interval([0.010, 0.012, 0.011])
+    assert rows[0] == (f"| no_sr | 0,1,2 | {iv.mean * 100:+.2f}% | "
+                       f"[{(iv.mean - iv.half_width) * 100:+.2f}%, "
+                       f"{(iv.mean + iv.half_width) * 100:+.2f}%] | worse than the full recipe |")
+    assert rows[1].startswith("| no_2d | 1,2,3 |") and rows[1].endswith("| not resolved |")
+    better = {"bf16": variants["bf16"], "paper": variants["paper"],
+              "no_sr": {s: _fake_result(spec, "no_sr", s, paper[s] * 0.98) for s in (0, 1)}}
+    assert study_report.against_full_recipe(spec, better, "python").endswith(
+        "| better than the full recipe |")
+    assert study_report.against_full_recipe(spec, {"bf16": variants["bf16"]}, "python") == ""
 
 
 def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spread():
