@@ -273,10 +273,12 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
                      only: dict[str, set] | None = None, command: str = "",
                      progress: bool = False, t_begin: float | None = None,
                      after_batch: Callable[[], Any] | None = None) -> list[dict]:
-    """Runs `batch_plan`'s batches in order while the time left (of ``budget_s`` from
-    ``t_begin``) fits `batch_wall_estimate`; the study's first batch of a length runs
-    unestimated. Calls ``after_batch`` after each finished batch (to hand its results
-    off at once: a call cut off later keeps them). Returns the finished units' results."""
+    """Runs `batch_plan`'s batches in order, each one whose `batch_wall_estimate` fits the
+    time left (of ``budget_s`` from ``t_begin``), leaving the others to a later call; a
+    batch of a length the study has not timed runs unestimated, only as the call's first
+    (with the whole budget before it). Calls ``after_batch`` after each
+    finished batch (to hand its results off at once: a call cut off later keeps them).
+    Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
@@ -286,10 +288,14 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         left = budget_s - (time.perf_counter() - t_begin)
         need = batch_wall_estimate(spec, results, units)
         names = ", ".join(u.name for u in units)
+        if need is None and done:
+            print(f"[{spec.name}] the batch {names} has no timed batch of its length to go "
+                  "by: left to a later call's start", flush=True)
+            continue
         if need is not None and left < need:
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "
-                  "stopping here", flush=True)
-            break
+                  "left to a later call", flush=True)
+            continue  # a later, shorter batch may still fit
         corpus = units[0].corpus
         if corpus not in corpora:
             corpora[corpus] = data_lib.load_corpus(**CORPORA[corpus])

@@ -463,16 +463,21 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(400.0 * margin)
 
 
-def test_run_seed_batches_hands_off_each_batch_and_stops_before_one_that_cannot_fit(
+def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
         tmp_path, monkeypatch):
     """After each finished batch the hook runs (so a call cut off later keeps it); a
     batch whose estimate exceeds the time left is not started, even for a variant not
     timed before (the failure that lost a finished batch on the H200: an untimed batch
-    was started with 240 s left and killed)."""
+    was started with 240 s left and killed), and a later batch that fits still runs."""
     import seed_batch  # noqa: PLC0415
 
-    spec = dataclasses.replace(TINY, seeds=(0, 1), tokens_per_param=(10.0,),
-                               variants=("bf16", "paper", "four_over_six"), custom_variants=())
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "four_over_six", "no_sr"),
+                               custom_variants=())
+    timed = _fake_result(spec, "no_sr", 2, 1.0)  # no_sr's own batch: 2 seeds in 50 s
+    timed["seed_batch"] = {"seeds": [2, 3], "train_wall_s": 50.0, "step_time_s": 0.05}
+    unit_runs.write_json(unit_runs.result_path(
+        tmp_path, study_specs.Unit("python", 10.0, "no_sr", 2)), timed)
     clock = [0.0]
     monkeypatch.setattr(seed_batch.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: None)
@@ -493,9 +498,17 @@ def test_run_seed_batches_hands_off_each_batch_and_stops_before_one_that_cannot_
     done = seed_batch.run_seed_batches(
         spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0,
         after_batch=lambda: handed.append(len(list(tmp_path.glob("*.json")))))
-    # bf16 unestimated (0-100 s), paper 100 s (to 200 s); four_over_six needs 125 s > 120.
-    assert [r["variant"] for r in done] == ["bf16", "bf16", "paper", "paper"]
-    assert handed == [2, 4]
+    # Each batch of seeds 0-1 (seed 2 alone is not batched) takes 100 s here. bf16 needs
+    # 1.25 x 50 s (to 100 s), paper 1.25 x 100 s (to 200 s); four_over_six needs 125 s,
+    # more than the 120 s left; no_sr's own 50 s fit (to 300 s).
+    assert [r["variant"] for r in done] == ["bf16", "bf16", "paper", "paper", "no_sr", "no_sr"]
+    assert handed == [3, 5, 7]
+    # A length never timed: its first batch runs unestimated only as the call's first.
+    two = dataclasses.replace(spec, tokens_per_param=(10.0, 100.0), variants=("bf16",),
+                              seeds=(0, 1))
+    done = seed_batch.run_seed_batches(two, tmp_path / "two", size=2, budget_s=1e6,
+                                       t_begin=clock[0])
+    assert [(r["variant"], r["seed"]) for r in done] == [("bf16", 0), ("bf16", 1)]
 
 
 def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
