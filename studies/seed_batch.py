@@ -246,6 +246,12 @@ is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantize
 block twice), so another variant's time is only a guide."""
 
 
+QUANTIZED_OVER_BF16 = 2.0
+"""How much longer than the slowest timed BF16 batch an NVFP4 variant's first batch is
+assumed to take when no NVFP4 batch of its length has run: the noise pilot's 3-seed
+batches took 121 s (BF16) and 203 s (the paper recipe), 1.68×, on the H200."""
+
+
 def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
     """Seconds the seed batch ``units`` is expected to take, from the finished batches'
     recorded wall times (compilation included), or None when none of this length ran.
@@ -254,7 +260,9 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
     that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed
     count, or where none has that seed count, the slowest batch of the length scaled up
     linearly where it had fewer seeds (a batch of more seeds bounds it from above: the
-    compilation and evaluations do not shrink with the seed count).
+    compilation and evaluations do not shrink with the seed count). An NVFP4 variant is
+    estimated from NVFP4 batches where any ran, else from BF16 ones times
+    `QUANTIZED_OVER_BF16` as well.
     """
     timed = [(u.variant, r["seed_batch"]) for u in spec.units()
              if u.tokens_per_param == units[0].tokens_per_param
@@ -263,10 +271,16 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
            if v == units[0].variant and len(sb["seeds"]) >= len(units)]
     if own:
         return own[-1]
+    factor = UNTIMED_VARIANT_MARGIN
+    if spec.variant(units[0].variant).quantized:
+        quantized = [(v, sb) for v, sb in timed if spec.variant(v).quantized]
+        if not quantized:
+            factor *= QUANTIZED_OVER_BF16
+        timed = quantized or timed
     alike = [sb["train_wall_s"] for _, sb in timed if len(sb["seeds"]) == len(units)]
     scaled = alike or [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"]))
                        for _, sb in timed]
-    return max(scaled) * UNTIMED_VARIANT_MARGIN if scaled else None
+    return max(scaled) * factor if scaled else None
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,

@@ -429,12 +429,14 @@ def test_batch_plan_groups_a_variants_unfinished_seeds():
 def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path):
     """A variant's own batch of as many seeds or more gives its time; a variant never
     timed gets the slowest batch of the length and seed count, or else the slowest of the
-    length scaled to its seed count, times the margin; nothing timed at the length gives
+    length scaled to its seed count, times the margin (an NVFP4 variant read from BF16
+    batches only, times the BF16-to-NVFP4 factor too); nothing timed at the length gives
     None (the batch runs unestimated)."""
     import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4), tokens_per_param=(10.0,),
-                               variants=("bf16", "paper", "four_over_six"), custom_variants=())
+                               variants=("bf16", "paper", "four_over_six", "no_sr"),
+                               custom_variants=())
 
     def batch(variant, seeds, wall):
         for s in seeds:
@@ -448,6 +450,9 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
 
     assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (0, 1))) is None
     batch("bf16", (0, 1), 90.0)
+    assert seed_batch.batch_wall_estimate(  # only BF16 timed: NVFP4 costs more
+        spec, tmp_path, units("paper", (0, 1))) == pytest.approx(
+            90.0 * seed_batch.UNTIMED_VARIANT_MARGIN * seed_batch.QUANTIZED_OVER_BF16)
     batch("paper", (0, 1, 2), 200.0)
     assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (3, 4))) == 200.0
     margin = seed_batch.UNTIMED_VARIANT_MARGIN
@@ -456,7 +461,7 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
     assert seed_batch.batch_wall_estimate(  # 4 seeds: the 3-seed batch scaled by 4/3
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(
             200.0 * 4 / 3 * margin)
-    batch("bf16", (0, 1, 2, 3, 4), 400.0)  # slower, but of more seeds than asked
+    batch("no_sr", (0, 1, 2, 3, 4), 400.0)  # slower, but of more seeds than asked
     assert seed_batch.batch_wall_estimate(
         spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
     assert seed_batch.batch_wall_estimate(  # no 4-seed batch: the 5-seed one bounds it
@@ -499,8 +504,8 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
         spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0,
         after_batch=lambda: handed.append(len(list(tmp_path.glob("*.json")))))
     # Each batch of seeds 0-1 (seed 2 alone is not batched) takes 100 s here. bf16 needs
-    # 1.25 x 50 s (to 100 s), paper 1.25 x 100 s (to 200 s); four_over_six needs 125 s,
-    # more than the 120 s left; no_sr's own 50 s fit (to 300 s).
+    # 1.25 x 50 s (to 100 s), paper 1.25 x no_sr's 50 s (to 200 s); four_over_six needs
+    # 1.25 x paper's 100 s, more than the 120 s left; no_sr's own 50 s fit (to 300 s).
     assert [r["variant"] for r in done] == ["bf16", "bf16", "paper", "paper", "no_sr", "no_sr"]
     assert handed == [3, 5, 7]
     # A length never timed: its first batch runs unestimated only as the call's first.
