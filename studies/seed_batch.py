@@ -246,12 +246,6 @@ is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantize
 block twice), so another variant's time is only a guide."""
 
 
-QUANTIZED_OVER_BF16 = 2.0
-"""How much longer than the slowest timed BF16 batch an NVFP4 variant's first batch is
-assumed to take when no NVFP4 batch of its length has run: the noise pilot's 3-seed
-batches took 121 s (BF16) and 203 s (the paper recipe), 1.68×, on the H200."""
-
-
 def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
     """Seconds the seed batch ``units`` is expected to take, from the finished batches'
     recorded wall times (compilation included), or None when none of this length ran.
@@ -261,8 +255,11 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
     count, or where none has that seed count, the slowest batch of the length scaled up
     linearly where it had fewer seeds (a batch of more seeds bounds it from above: the
     compilation and evaluations do not shrink with the seed count). An NVFP4 variant is
-    estimated from NVFP4 batches where any ran, else from BF16 ones times
-    `QUANTIZED_OVER_BF16` as well.
+    estimated from NVFP4 batches only: with none of its length timed it gets None, like
+    the study's first batch of a length. A BF16 batch is no guide to it: the quantization
+    passes' share of a step differs by model (the noise pilot's 3-seed batches on the
+    H200: 121 s BF16, 203 s the paper recipe, 1.68×, where 1.25× would have started a
+    batch that could not finish).
     """
     timed = [(u.variant, r["seed_batch"]) for u in spec.units()
              if u.tokens_per_param == units[0].tokens_per_param
@@ -271,16 +268,12 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
            if v == units[0].variant and len(sb["seeds"]) >= len(units)]
     if own:
         return own[-1]
-    factor = UNTIMED_VARIANT_MARGIN
-    if spec.variant(units[0].variant).quantized:
-        quantized = [(v, sb) for v, sb in timed if spec.variant(v).quantized]
-        if not quantized:
-            factor *= QUANTIZED_OVER_BF16
-        timed = quantized or timed
+    quantized = spec.variant(units[0].variant).quantized
+    timed = [(v, sb) for v, sb in timed if spec.variant(v).quantized == quantized]
     alike = [sb["train_wall_s"] for _, sb in timed if len(sb["seeds"]) == len(units)]
     scaled = alike or [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"]))
                        for _, sb in timed]
-    return max(scaled) * factor if scaled else None
+    return max(scaled) * UNTIMED_VARIANT_MARGIN if scaled else None
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
@@ -289,8 +282,8 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
                      after_batch: Callable[[], Any] | None = None) -> list[dict]:
     """Runs `batch_plan`'s batches in order, each one whose `batch_wall_estimate` fits the
     time left (of ``budget_s`` from ``t_begin``), leaving the others to a later call; a
-    batch of a length the study has not timed runs unestimated, only as the call's first
-    (with the whole budget before it). Calls ``after_batch`` after each
+    batch with no estimate (none of its length and kind timed) runs only as the call's
+    first, with the whole budget before it. Calls ``after_batch`` after each
     finished batch (to hand its results off at once: a call cut off later keeps them).
     Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
