@@ -279,11 +279,13 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
                      only: dict[str, set] | None = None, command: str = "",
                      progress: bool = False, t_begin: float | None = None,
-                     after_batch: Callable[[], Any] | None = None) -> list[dict]:
+                     after_batch: Callable[[], Any] | None = None,
+                     unestimated_min_s: float | None = None) -> list[dict]:
     """Runs `batch_plan`'s batches in order, each one whose `batch_wall_estimate` fits the
     time left (of ``budget_s`` from ``t_begin``), leaving the others to a later call; a
     batch with no estimate (none of its length and kind timed) runs only as the call's
-    first, with the whole budget before it. Calls ``after_batch`` after each
+    first, with the whole budget before it, or, given ``unestimated_min_s``, whenever at
+    least that much time is left (the caller's bound on it). Calls ``after_batch`` after each
     finished batch (to hand its results off at once: a call cut off later keeps them).
     Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
@@ -295,9 +297,10 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         left = budget_s - (time.perf_counter() - t_begin)
         need = batch_wall_estimate(spec, results, units)
         names = ", ".join(u.name for u in units)
-        if need is None and done:
-            print(f"[{spec.name}] the batch {names} has no timed batch of its length to go "
-                  "by: left to a later call's start", flush=True)
+        if need is None and (left < unestimated_min_s if unestimated_min_s is not None
+                             else bool(done)):
+            print(f"[{spec.name}] {left:.0f}s left, the batch {names} has no timed batch "
+                  "of its length and kind to go by: left to a later call", flush=True)
             continue
         if need is not None and left < need:
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "

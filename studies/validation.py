@@ -40,6 +40,8 @@ def _only(a: argparse.Namespace) -> dict[str, set]:
         only["corpus"] = set(a.corpora.split(","))
     if a.seeds:
         only["seed"] = {int(s) for s in a.seeds.split(",")}
+    if a.tokens_per_param:
+        only["tokens_per_param"] = {float(t) for t in a.tokens_per_param.split(",")}
     return only
 
 
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--variants", default="", help="only these variants (comma-separated)")
     r.add_argument("--corpora", default="", help="only these corpora")
     r.add_argument("--seeds", default="", help="only these seeds")
+    r.add_argument("--tokens-per-param", default="", help="only these run lengths")
     r.add_argument("--handoff", default=None,
                    help="write results and a cut-off unit's checkpoint here ($OUT)")
     r.add_argument("--resume-from", default=None,
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed-batch", type=int, default=0, metavar="K",
                    help="train up to K seeds of a variant as one vmapped program "
                         "(`seed_batch`; no checkpoints: a batch finishes within the call)")
+    r.add_argument("--unestimated-min-s", type=float, default=None, metavar="S",
+                   help="a seed batch with no timed batch to go by starts only with S "
+                        "seconds or more left (default: only as the call's first batch)")
     u = sub.choices["unpack"]
     u.add_argument("--from", dest="src", required=True, help="the files a device call returned")
     u.add_argument("--carry", default=str(REPO / "studies" / "handoff"),
@@ -163,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             batched = run_seed_batches(spec, results, size=a.seed_batch,
                                        budget_s=a.budget_s - a.reserve_s, only=_only(a),
                                        command=command, progress=a.progress, t_begin=t_begin,
-                                       after_batch=hand_off_results)
+                                       after_batch=hand_off_results,
+                                       unestimated_min_s=a.unestimated_min_s)
             print(f"[{spec.name}] this call: {len(batched)} units finished in seed batches; "
                   f"{time.perf_counter() - t_begin:.0f}s", flush=True)
         else:

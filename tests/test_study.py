@@ -514,6 +514,12 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     done = seed_batch.run_seed_batches(two, tmp_path / "two", size=2, budget_s=1e6,
                                        t_begin=clock[0])
     assert [(r["variant"], r["seed"]) for r in done] == [("bf16", 0), ("bf16", 1)]
+    clock[0] = 0.0  # a bound on the unestimated batch: it starts only with that much left
+    assert seed_batch.run_seed_batches(two, tmp_path / "two", size=2, budget_s=300.0,
+                                       t_begin=0.0, unestimated_min_s=301.0) == []
+    done = seed_batch.run_seed_batches(two, tmp_path / "two", size=2, budget_s=300.0,
+                                       t_begin=0.0, unestimated_min_s=300.0)
+    assert len(done) == 2
 
 
 def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):

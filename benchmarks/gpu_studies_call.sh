@@ -1,0 +1,33 @@
+# One device call of the validation study (issue 12) over several studies in turn, all in
+# seed batches, sharing one budget: a short study fills what a long one leaves.
+#   device tool: bash benchmarks/gpu_studies_call.sh BUDGET STUDY:VARIANTS:CORPORA:SEEDS:K:MIN:TPP ...
+#   e.g. bash benchmarks/gpu_studies_call.sh 540 hybrid:bf16::0,1,2 long_data:::0,1,2:3:150:10
+# Each study's fields (trailing ones may be left out, "" for all) are ':'-separated:
+# VARIANTS, CORPORA, SEEDS, TPP (run lengths in tokens/param) restrict its units; K seeds
+# per batch (default 3, >= 2: batches keep no checkpoints, so each study hands off one
+# file); MIN: a batch that nothing timed yet (the first of its length and kind, BF16 or
+# NVFP4) starts only with MIN seconds left; without MIN, only as the first study's first.
+# Each study gets what the ones before it left of BUDGET seconds (skipped under 60 s) and
+# hands its results off into $OUT/STUDY, without compilation-cache entries.
+# Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+BUDGET=${1:?budget in seconds}; shift
+T0=$SECONDS
+N=0
+for ARG in "$@"; do
+  IFS=: read -r STUDY VARIANTS CORPORA SEEDS K MIN TPP <<< "$ARG"
+  K=${K:-3}
+  if [ "$K" -lt 2 ]; then echo "$STUDY: K must be >= 2 here, got $K"; exit 2; fi
+  UNESTIMATED=()
+  if [ -n "$MIN" ]; then UNESTIMATED=(--unestimated-min-s "$MIN")
+  elif [ "$N" -gt 0 ]; then UNESTIMATED=(--unestimated-min-s 1e9); fi
+  N=$((N + 1))
+  LEFT=$((BUDGET - (SECONDS - T0)))
+  if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
+  timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
+    --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
+    --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress "${UNESTIMATED[@]}" \
+    > "/tmp/study-$STUDY.log" 2>&1
+  echo "== $STUDY: rc=$?, $((SECONDS - T0)) s into the call"
+  tail -c $((10000 / $#)) "/tmp/study-$STUDY.log"
+done
