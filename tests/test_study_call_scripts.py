@@ -1,0 +1,67 @@
+"""The device-call scripts of the validation study (`benchmarks/gpu_studies_call.sh`) pass
+each study's restrictions and budget to `studies/validation.py run` as documented.
+
+A stand-in ``python3`` on PATH records the command lines instead of training, so these
+tests check the scripts' argument handling only; the runs themselves are
+`tests/test_study.py`'s.
+"""
+
+import os
+import shlex
+import stat
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "benchmarks", "gpu_studies_call.sh")
+
+
+def _run(tmp_path, *args):
+    """Runs the script with a recording ``python3``; returns (exit code, output, the
+    recorded ``validation.py run`` command lines as argument lists)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {shlex.quote(str(log))}\n'
+                    f'echo >> {shlex.quote(str(log))}\necho "ran $2"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    proc = subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    calls = [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, calls
+
+
+def _opt(call, name):
+    return call[call.index(name) + 1]
+
+
+def test_each_study_gets_its_restrictions_and_only_the_first_runs_unestimated(tmp_path):
+    """Fields map to --variants, --corpora, --seeds, --seed-batch (default 3) and
+    --tokens-per-param; each study hands off into $OUT/STUDY without cache entries; the
+    first study without MIN may start an untimed batch (no --unestimated-min-s), a later
+    one without MIN may not (1e9), and a given MIN is passed as is."""
+    rc, out, calls = _run(tmp_path, "540", "hybrid:bf16::0,1,2",
+                          "long_data:paper:python:0,1:4:150:10,100", "pure_llama")
+    assert rc == 0, out
+    assert [c[2] for c in calls] == ["hybrid", "long_data", "pure_llama"]
+    first, second, third = calls
+    assert _opt(first, "--variants") == "bf16" and _opt(first, "--seeds") == "0,1,2"
+    assert _opt(first, "--seed-batch") == "3" and "--unestimated-min-s" not in first
+    assert _opt(first, "--handoff") == str(tmp_path / "out" / "hybrid")
+    assert _opt(first, "--compile-cache") == "none"
+    assert _opt(second, "--corpora") == "python" and _opt(second, "--seed-batch") == "4"
+    assert _opt(second, "--unestimated-min-s") == "150"
+    assert _opt(second, "--tokens-per-param") == "10,100"
+    assert _opt(third, "--unestimated-min-s") == "1e9" and _opt(third, "--variants") == ""
+    budgets = [float(_opt(c, "--budget-s")) for c in calls]
+    assert budgets[0] == 540 and all(0 < b <= 540 for b in budgets)
+
+
+@pytest.mark.parametrize("k", ["0", "1"])
+def test_a_batch_size_below_two_is_refused(tmp_path, k):
+    """K < 2 would run unbatched units, whose checkpoints the one-file handoff cannot
+    carry: the script exits 2 naming the study, before running anything."""
+    rc, out, calls = _run(tmp_path, "540", f"hybrid:bf16::0,1:{k}")
+    assert rc == 2 and "hybrid: K must be >= 2" in out and calls == []
