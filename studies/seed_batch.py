@@ -248,7 +248,8 @@ block twice), so another variant's time is only a guide."""
 
 def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
     """Seconds the seed batch ``units`` is expected to take, from the finished batches'
-    recorded wall times (compilation included), or None when none of this length ran.
+    recorded wall times (compilation included), or None when none of its length and kind
+    (BF16 or NVFP4) ran.
 
     The last batch of the same variant and length with as many seeds or more; failing
     that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed
