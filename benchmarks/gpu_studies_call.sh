@@ -26,7 +26,8 @@ for ARG in "$@"; do
   if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
   timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
-    --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress "${UNESTIMATED[@]}" \
+    --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \
+    "${UNESTIMATED[@]}" \
     > "/tmp/study-$STUDY.log" 2>&1
   echo "== $STUDY: rc=$?, $((SECONDS - T0)) s into the call"
   tail -c $((10000 / $#)) "/tmp/study-$STUDY.log"
