@@ -97,6 +97,33 @@ def mean_interval(values: Sequence[float]) -> Interval:
                     int(x.size), sd)
 
 
+def difference_interval(first: Sequence[float], second: Sequence[float]) -> Interval:
+    """``mean(second) - mean(first)`` of two independent samples, with a 95% Welch interval.
+
+    The half-width is ``t(0.975, ⌊ν⌋) · √(s₁²/n₁ + s₂²/n₂)`` with the Welch-Satterthwaite
+    ``ν`` rounded down (a slightly wider, conservative interval). It compares runs that
+    share no trajectory, e.g. one recipe's gaps at two run lengths: the same seed trains
+    under a different schedule there, so pairing by seed has no basis. ``n`` is the
+    smaller sample's size and ``sd`` is None.
+
+    Example:
+      >>> iv = difference_interval([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
+      >>> iv.mean, round(iv.half_width, 4)  # ν = 4: t = 2.7764, √(1/3 + 1/3)
+      (2.0, 2.267)
+    """
+    a, b = (np.asarray(x, np.float64) for x in (first, second))
+    for name, x in (("first", a), ("second", b)):
+        if x.ndim != 1 or x.size < 2 or not np.all(np.isfinite(x)):
+            raise ValueError(f"{name}: need two or more finite values, got {x.tolist()!r}")
+    va, vb = np.var(a, ddof=1) / a.size, np.var(b, ddof=1) / b.size
+    mean = float(np.mean(b) - np.mean(a))
+    if va + vb == 0.0:
+        return Interval(mean, 0.0, int(min(a.size, b.size)), None)
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    return Interval(mean, t_critical(max(1, math.floor(df))) * math.sqrt(va + vb),
+                    int(min(a.size, b.size)), None)
+
+
 def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
     """The finished units' JSON of a study, in the study's unit order."""
     out = []
@@ -571,22 +598,38 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
             lines += [f"![NVFP4 diagnostics]({_link(figures / f'{stem}-health.png', doc_dir)})",
                       ""]
     if len(spec.tokens_per_param) > 1:
+        short, long = spec.tokens_per_param[0], spec.tokens_per_param[-1]
         lines += ["### Gap against run length", "",
+                  f"Each gap with its 95% half-width; the last column is the gap at {long:g} "
+                  f"tokens/param minus the gap at {short:g}, with a 95% Welch interval "
+                  "(unpaired: the same seed trains under a different schedule at each "
+                  "length). An interval above zero means the gap grows with run length.", "",
                   "| variant | " + " | ".join(f"{t:g} tokens/param" for t in
-                                              spec.tokens_per_param) + " |",
-                  "| --- |" + " --- |" * len(spec.tokens_per_param)]
+                                              spec.tokens_per_param)
+                  + f" | growth, {short:g} → {long:g} | 95% interval |",
+                  "| --- |" + " --- |" * (len(spec.tokens_per_param) + 2)]
         for corpus in spec.corpora:
             for v in spec.variants_of(corpus)[1:]:
-                cells = []
+                cells, by_length = [], {}
                 for t in spec.tokens_per_param:
                     g = paired_gaps(groups.get((corpus, t), {})).get(v)
                     if not g:
                         cells.append("—")
                         continue
-                    iv = mean_interval(list(g.values()))
+                    by_length[t] = list(g.values())
+                    iv = mean_interval(by_length[t])
                     cells.append(_pct(iv.mean) + (f" ± {iv.half_width * 100:.2f} pp"
                                                   if iv.half_width is not None else "")
                                  + f" (n={iv.n})")
+                if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) >= 2:
+                    d = difference_interval(by_length[short], by_length[long])
+                    lo, hi = d.mean - d.half_width, d.mean + d.half_width
+                    cells += [f"{d.mean * 100:+.2f} pp",
+                              f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp "
+                              + ("grows" if lo > 0 else "shrinks" if hi < 0
+                                 else "not resolved")]
+                else:
+                    cells += ["—", "—"]
                 lines.append(f"| {v} ({corpus}) | " + " | ".join(cells) + " |")
         lines.append("")
     health = health_rows(results)

@@ -148,6 +148,31 @@ def test_t_table_is_the_student_t_quantile():
         study_report.mean_interval([1.0, float("nan")])
 
 
+def test_difference_interval_is_welch_with_its_degrees_of_freedom_rounded_down():
+    """The run-length growth interval: mean difference of two independent samples, Welch
+    standard error, t at ⌊Welch-Satterthwaite ν⌋, checked against scipy's Student t (an
+    independent implementation) on unequal sizes and spreads; equal spreads of n = 3
+    give ν = 4 exactly."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for n1, n2, s1, s2 in ((3, 3, 0.26, 0.73), (3, 8, 1.0, 0.1), (5, 4, 0.5, 0.5)):
+        a, b = rng.normal(0.03, s1, n1), rng.normal(0.05, s2, n2)
+        va, vb = a.var(ddof=1) / n1, b.var(ddof=1) / n2
+        nu = (va + vb) ** 2 / (va**2 / (n1 - 1) + vb**2 / (n2 - 1))
+        want = scipy_stats.t.ppf(0.975, math.floor(nu)) * math.sqrt(va + vb)
+        iv = study_report.difference_interval(a, b)
+        assert math.isclose(iv.mean, b.mean() - a.mean(), rel_tol=1e-12)
+        assert math.isclose(iv.half_width, want, rel_tol=1e-6), (n1, n2, iv, want)
+        assert iv.n == min(n1, n2)
+    iv = study_report.difference_interval([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
+    assert math.isclose(iv.half_width, scipy_stats.t.ppf(0.975, 4) * math.sqrt(2 / 3),
+                        rel_tol=1e-6)
+    with pytest.raises(ValueError, match="second: need two or more"):
+        study_report.difference_interval([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="first: need two or more finite"):
+        study_report.difference_interval([1.0, float("inf")], [1.0, 2.0])
+
+
 SEEDS = (0, 1, 2)
 BF16_VALS = {0: 2.00, 1: 2.02, 2: 1.98}
 GAPS = {"paper": {0: 0.0150, 1: 0.0160, 2: 0.0170}, "no_sr": {0: 0.01, 1: 0.05, 2: 0.03}}
