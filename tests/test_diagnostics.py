@@ -50,6 +50,69 @@ def test_tensor_stats_of_a_well_scaled_tensor_and_2d_tiles():
     assert s2["saturated_blocks"] == pytest.approx(0.25)
 
 
+def _elementwise_block_counts(x, q):
+    """The block statistics by their per-element definition, in NumPy: a block saturates
+    if any ``|x · enc|`` (float32) reaches 7 and underflows if its scale is 0 while it
+    holds a nonzero; 16-blocks along ``q.axis`` (16×16 tiles with the tile axis)."""
+    from fp4jax.numerics.scales import (  # noqa: PLC0415
+        block_encode_scale_table,
+        global_decode_scale,
+        lookup_encode_scales,
+    )
+    s = np.asarray(q.block_scales(jnp.float32))  # per element, padded along q.axis
+    enc = np.asarray(lookup_encode_scales(
+        block_encode_scale_table(global_decode_scale(q.amax)), jnp.asarray(s)))
+    pad = [(0, 0)] * x.ndim
+    pad[q.axis] = (0, s.shape[q.axis] - x.shape[q.axis])
+    xp = np.pad(x, pad)
+    masks = {"clipped": np.abs(xp * enc) >= np.float32(7.0),
+             "under": (s == 0) & (xp != 0), "nonzero": xp != 0}
+    axes = [q.axis] + ([q.tile_axis] if q.block_2d else [])
+    out = {}
+    for name, m in masks.items():
+        for ax in axes:
+            widths = [(0, 0)] * m.ndim
+            widths[ax] = (0, -m.shape[ax] % 16)
+            m = np.pad(m, widths)
+        for ax in sorted(axes, reverse=True):
+            m = m.reshape(m.shape[:ax] + (m.shape[ax] // 16, 16) + m.shape[ax + 1:])
+            m = m.any(axis=ax + 1)
+        out[name] = int(m.sum())
+        out["blocks"] = m.size
+    return out
+
+
+@pytest.mark.parametrize("shape, axis, block_2d", [
+    ((24, 40), -1, False), ((1, 64, 280), 1, True), ((77, 50), 0, True), ((50, 77), 1, True)])
+def test_tensor_stats_block_counts_match_their_elementwise_definition(shape, axis, block_2d):
+    """Saturated and underflowing blocks, counted per block from each block's largest |x|
+    and its scale under jit, equal the per-element definition, on lengths that are not
+    multiples of 16, with blocks 1e-6 to 1e-4 of the amax (subnormal and zero E4M3
+    scales)."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    block_axes = [axis % len(shape)] + ([len(shape) - 1 - (axis % len(shape) == len(shape) - 1)]
+                                        if block_2d else [])
+    decades = rng.uniform(-6, -4, size=tuple(-(-n // 16) if ax in block_axes else n
+                                              for ax, n in enumerate(shape)))
+    for ax in block_axes:  # one magnitude per block, 1e-6 to 1e-4 of the amax: E4M3
+        # scales around the subnormal range, zero at the low end, and blocks on both
+        # sides of the |x·enc| = 7 boundary
+        decades = decades.repeat(16, axis=ax)[(slice(None),) * ax + (slice(0, shape[ax]),)]
+    x *= (10.0 ** decades).astype(np.float32)
+    x[..., ::7] = 0.0
+    ax = block_axes[0]
+    x[(slice(None),) * ax + (slice(16 * ((shape[ax] - 1) // 16), None),)] = 0.0  # zero blocks
+    x.flat[1] = 10.0  # the global amax
+    q = fp4jax.quantize(x, axis=axis, block_2d=block_2d)
+    got = jax.device_get(jax.jit(tensor_stats)(x, q))
+    want = _elementwise_block_counts(x, q)
+    assert want["clipped"] > 0 and want["under"] > 0  # the case exercises both
+    assert got["saturated_blocks"] == np.float32(want["clipped"]) / np.float32(want["blocks"])
+    assert got["underflow_blocks"] == (np.float32(want["under"])
+                                       / np.float32(max(want["nonzero"], 1)))
+
+
 def test_fprop_stats_describe_the_operands_dot_general_quantizes():
     """Inputs in 1D blocks along the (flattened) contraction, weights in 16x16 tiles."""
     rng = np.random.default_rng(1)
