@@ -6,7 +6,7 @@
 # log's last 11000 characters are the call's output.
 #   device tool: bash benchmarks/gpu_study_call.sh STUDY [VARIANTS [CORPORA [SEEDS [K [S]]]]]
 #   with carry=["studies/handoff"]; VARIANTS etc. comma-separated, "" for all; K > 1
-#   trains K seeds of a variant as one program (no checkpoints, no per-layer diagnostics);
+#   trains K seeds of a variant as one program (no checkpoints);
 #   S is the budget in seconds (default 540: the call's 600 less a margin).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT; report.
 #

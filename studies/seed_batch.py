@@ -11,8 +11,11 @@ with ``seed_batch`` naming the batch. The batched GEMMs may sum in another order
 single run's, so a unit is not bitwise the unbatched run of its seed: the same recipe,
 a statistically equivalent run.
 
-A batch has no checkpoints (it runs to its end within one call) and records no
-per-layer diagnostics (the unbatched units carry those).
+A batch has no checkpoints (it runs to its end within one call). The seeds whose run
+config samples per-layer diagnostics (`StudySpec.diag_seeds`) sample them at the steps an
+unbatched run would, each from its own slice of the stacked state and batch, through the
+one compiled diagnostics step (a forward pass: the batch compiles it once, whatever the
+number of such seeds).
 
 Example:
   >>> import numpy as np
@@ -23,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,8 @@ import numpy as np
 import train_llama as tl
 from unit_records import environment
 from unit_runs import TooLong, build_result, checked_epochs, finished, result_path, write_json
+
+from fp4jax import diagnostics
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -60,23 +64,50 @@ class SeedBatch:
     Args:
       trainer: the first seed's `train_llama.Trainer`; the others are its `for_run`
         copies (the same compiled model, another seed's initialization).
-      seeds: the seeds, in the order of the stacked axis.
+      run_configs: each seed's run config, in the order of the stacked axis (the first
+        is ``trainer``'s); they may differ only in `train_llama.RUN_ONLY_FIELDS` (the
+        seed, the logging, evaluation and diagnostics cadences), and the batch follows
+        the first's logging and evaluation cadence.
+
+    Raises:
+      ValueError: fewer than two seeds, a seed twice, a first config other than the
+        trainer's, a config that changes a compiled field, or a mesh.
     """
 
-    def __init__(self, trainer: tl.Trainer, seeds: Sequence[int]):
+    def __init__(self, trainer: tl.Trainer, run_configs: Sequence[tl.RunConfig]):
+        seeds = [c.seed for c in run_configs]
         if len(seeds) < 2 or len(set(seeds)) != len(seeds):
             raise ValueError(f"a seed batch needs two or more distinct seeds, got {seeds}")
+        if run_configs[0] != trainer.cfg:
+            raise ValueError("a seed batch's first run config is its trainer's")
         if trainer.mesh_rules is not None:
             raise ValueError("a seed batch runs on one device: the run config has a mesh")
         self.seeds = tuple(seeds)
-        self.trainers = [trainer if s == trainer.cfg.seed else trainer.for_run(
-            dataclasses.replace(trainer.cfg, seed=s)) for s in self.seeds]
+        self.trainers = [trainer] + [trainer.for_run(c) for c in run_configs[1:]]
         self.trainer = self.trainers[0]
         self._evals: dict[str, Callable] = {}
 
     def init(self, total_steps: int) -> Any:
         """The seeds' fresh states, stacked."""
         return stack([t.init(total_steps) for t in self.trainers])
+
+    @property
+    def diag_indices(self) -> tuple[int, ...]:
+        """Positions in the batch of the seeds that sample diagnostics (quantized runs
+        whose config sets ``diag_every``)."""
+        return tuple(i for i, t in enumerate(self.trainers)
+                     if t.cfg.diag_every and t.report is not None)
+
+    def diagnose(self, params: Any, batch: tuple, mode: str) -> dict[int, dict[str, float]]:
+        """``{position: {"diag/layer/op/stat": value}}`` for `diag_indices`, each from
+        that seed's params and training batch (waits for the device)."""
+        out = {}
+        for i in self.diag_indices:
+            own = jax.tree.map(lambda x, i=i: x[i], (params, batch))
+            _, stats = self.trainer.diag_step(*own, mode=mode)
+            out[i] = {k: float(v) for k, v in
+                      diagnostics.flatten(jax.device_get(stats), prefix="diag/").items()}
+        return out
 
     def evaluate(self, params: Any, val: list, mode: str) -> np.ndarray:
         """Each seed's mean validation loss in bits per byte (waits for the device)."""
@@ -95,7 +126,8 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     Returns:
       ``final_state`` (stacked), per seed (lists in seed order) ``final_val_bpb`` and
       ``records`` (`train_llama.train`'s ``metrics.jsonl`` records: training metrics
-      every ``log_every`` steps, validation every ``eval_every``), and the shared
+      every ``log_every`` steps, validation every ``eval_every``, diagnostics every
+      ``diag_every`` for `SeedBatch.diag_indices`), and the shared
       ``step_time_s`` (after the first step), ``first_step_s``, ``paused_s``,
       ``train_wall_s`` and ``final_mode``.
     """
@@ -109,6 +141,11 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     pending: list[tuple[int, dict]] = []
     in_flight: collections.deque = collections.deque()
     paused, t_warm = 0.0, None
+    diag_every = (batch.trainers[batch.diag_indices[0]].cfg.diag_every
+                  if batch.diag_indices else 0)
+    if len({batch.trainers[i].cfg.diag_every for i in batch.diag_indices}) > 1:
+        raise ValueError("the seeds that sample diagnostics differ in diag_every: "
+                         f"{[batch.trainers[i].cfg.diag_every for i in batch.diag_indices]}")
 
     def flush() -> None:
         for done, metrics in jax.device_get(pending):
@@ -133,14 +170,20 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
             if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
                 pending.append((done, {**metrics, "mode": mode,
                                        "tokens": done * cfg.batch * cfg.seq}))
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < steps:
-                flush()
+            evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
+            diagnose = diag_every and done % diag_every == 0
+            if evaluate or diagnose:
+                flush()  # records stay in step order
                 jax.block_until_ready(state.params)
                 t_pause = time.perf_counter()
-                for s, v in enumerate(batch.evaluate(state.params, val, mode)):
-                    records[s].append({"step": done, "val_bits_per_byte": float(v)})
+                if evaluate:
+                    for s, v in enumerate(batch.evaluate(state.params, val, mode)):
+                        records[s].append({"step": done, "val_bits_per_byte": float(v)})
+                if diagnose:
+                    for s, flat in batch.diagnose(state.params, stacked, mode).items():
+                        records[s].append({"step": done, **flat})
                 paused += time.perf_counter() - t_pause
-                if progress:
+                if progress and evaluate:
                     vals = " ".join(f"{r[-1]['val_bits_per_byte']:.4f}" for r in records)
                     print(f"  step {done}/{steps}: val bpb {vals}", flush=True)
     finally:
@@ -188,7 +231,7 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     epochs = checked_epochs(spec, first, data[0], corpus)
     val = data_lib.validation_batches(corpus.val, batch=cfgs[0].batch, seq=cfgs[0].seq,
                                       max_batches=cfgs[0].eval_batches)
-    batch = SeedBatch(tl.Trainer(spec.model_config(), cfgs[0], steps), [u.seed for u in units])
+    batch = SeedBatch(tl.Trainer(spec.model_config(), cfgs[0], steps), cfgs)
     out = train_seeds(batch, data, val, steps=steps, progress=progress)
     extra_bf16 = None
     trainer = batch.trainer
@@ -213,7 +256,8 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
                    "paused_s": out["paused_s"] * share, "environment": env}
         extra: dict[str, Any] = {"seed_batch": {
             "seeds": list(batch.seeds), "index": s, "step_time_s": out["step_time_s"],
-            "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"]}}
+            "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"],
+            "samples_diagnostics": bool(batch.diag_indices)}}
         if extra_bf16 is not None:
             extra["final_val_bpb_bf16_forward"] = float(extra_bf16[s])
         result = build_result(spec, unit, summary, out["records"][s], [segment], corpus, extra)
@@ -246,6 +290,22 @@ is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantize
 block twice), so another variant's time is only a guide."""
 
 
+def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
+                        ) -> float | None:
+    """Seconds to allow for a batch's diagnostics samples (the first compiles the
+    diagnostics step): the longest pause of a finished unit of this length that sampled
+    them (its evaluations and checkpoints included, so an upper bound), or None if none
+    did."""
+    pauses = []
+    for u in spec.units():
+        r = finished(results, u) if u.tokens_per_param == tokens_per_param else None
+        if r and r.get("diagnostics"):
+            sb = r.get("seed_batch")
+            pauses.append(sb["paused_s"] if sb else
+                          sum(g.get("paused_s") or 0.0 for g in r.get("segments", ())))
+    return max(pauses) if pauses else None
+
+
 def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
     """Seconds the seed batch ``units`` is expected to take, from the finished batches'
     recorded wall times (compilation included), or None when none of its length and kind
@@ -260,21 +320,33 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
     the study's first batch of a length. A BF16 batch is no guide to it: the quantization
     passes' share of a step differs by model (the noise pilot's 3-seed batches on the
     H200: 121 s BF16, 203 s the paper recipe, 1.68×, where 1.25× would have started a
-    batch that could not finish).
+    batch that could not finish). A batch that samples diagnostics, estimated from one
+    that did not, adds `diag_pause_estimate` (None where that is unknown).
     """
-    timed = [(u.variant, r["seed_batch"]) for u in spec.units()
-             if u.tokens_per_param == units[0].tokens_per_param
+    tpp = units[0].tokens_per_param
+    timed = [(u.variant, r["seed_batch"]) for u in spec.units() if u.tokens_per_param == tpp
              for r in [finished(results, u)] if r and r.get("seed_batch")]
-    own = [sb["train_wall_s"] for v, sb in timed
-           if v == units[0].variant and len(sb["seeds"]) >= len(units)]
+    diag = any(spec.run_config(u).diag_every for u in units)
+
+    def with_diag(wall: float, sampled: bool) -> float | None:
+        if not diag or sampled:
+            return wall
+        extra = diag_pause_estimate(spec, results, tpp)
+        return None if extra is None else wall + extra
+
+    own = [sb for v, sb in timed if v == units[0].variant and len(sb["seeds"]) >= len(units)]
     if own:
-        return own[-1]
+        return with_diag(own[-1]["train_wall_s"], own[-1].get("samples_diagnostics", False))
     quantized = spec.variant(units[0].variant).quantized
     timed = [(v, sb) for v, sb in timed if spec.variant(v).quantized == quantized]
-    alike = [sb["train_wall_s"] for _, sb in timed if len(sb["seeds"]) == len(units)]
-    scaled = alike or [sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"]))
-                       for _, sb in timed]
-    return max(scaled) * UNTIMED_VARIANT_MARGIN if scaled else None
+    alike = [sb for _, sb in timed if len(sb["seeds"]) == len(units)]
+    scaled = [(sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"])), sb)
+              for sb in (alike or [sb for _, sb in timed])]
+    if not scaled:
+        return None
+    wall, sb = max(scaled, key=lambda x: x[0])
+    wall = with_diag(wall, sb.get("samples_diagnostics", False))
+    return None if wall is None else wall * UNTIMED_VARIANT_MARGIN
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,

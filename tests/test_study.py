@@ -408,11 +408,12 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
     """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
     has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
-    order) final loss; the JSON records the batch; the report reads it; a finished unit
-    is not batched again."""
+    order) final loss; the seed that samples diagnostics has them at the unbatched run's
+    steps and layers, with close values, and the other seed has none; the JSON records
+    the batch; the report reads it; a finished unit is not batched again."""
     import seed_batch  # noqa: PLC0415
 
-    spec = dataclasses.replace(TINY, seeds=(0, 1))
+    spec = dataclasses.replace(TINY, seeds=(0, 1), diag_samples=2, diag_seeds=(1,))
     units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
     corpus = _corpus()
     batched = seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
@@ -424,6 +425,14 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
         assert r["quantized_layers"] == single["quantized_layers"] == 1
         assert math.isclose(r["final_val_bpb"], single["final_val_bpb"], rel_tol=1e-4), (
             r["final_val_bpb"], single["final_val_bpb"])
+        assert [d["step"] for d in r["diagnostics"]] == [
+            d["step"] for d in single["diagnostics"]] == ([4, 8] if unit.seed == 1 else [])
+        if unit.seed == 1:
+            got, want = r["diagnostics"][-1]["per_layer"], single["diagnostics"][-1]["per_layer"]
+            assert list(got) == list(want) and len(got) == 1
+            for layer, ops in want.items():
+                for op, stats in ops.items():
+                    assert got[layer][op] == pytest.approx(stats, rel=1e-3, abs=1e-6), (layer, op)
         written = unit_runs.result_path(tmp_path / "b", unit).read_text()
         assert json.loads(written) == json.loads(json.dumps(r))
     assert batched[0]["final_val_bpb"] != batched[1]["final_val_bpb"]  # two runs, not one
@@ -490,6 +499,48 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
         spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
     assert seed_batch.batch_wall_estimate(  # no 4-seed batch: the 5-seed one bounds it
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(400.0 * margin)
+
+
+def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path):
+    """A batch with a seed that samples diagnostics, estimated from a batch that sampled
+    none, adds the longest pause of a finished unit of its length that sampled them; with
+    no such unit it has no estimate; from a batch that sampled them, nothing is added;
+    a BF16 batch (no diagnostics) is estimated as before."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4, 5, 6), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "no_sr"), custom_variants=(),
+                               diag_samples=8, diag_seeds=(3, 5))
+    unit = lambda v, s: study_specs.Unit("python", 10.0, v, s)  # noqa: E731
+
+    def write(variant, seed, *, seeds=None, wall=0.0, paused=0.0, diag=False):
+        r = _fake_result(spec, variant, seed, 1.0)
+        r["diagnostics"] = [{"step": 100}] if diag else []
+        r["segments"] = [{"paused_s": paused}]
+        if seeds:
+            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, "paused_s": paused,
+                               "samples_diagnostics": diag}
+        unit_runs.write_json(unit_runs.result_path(tmp_path, unit(variant, seed)), r)
+
+    for s in (0, 1, 2):
+        write("paper", s, seeds=(0, 1, 2), wall=200.0, paused=10.0)
+        write("bf16", s, seeds=(0, 1, 2), wall=120.0, paused=8.0)
+    assert spec.run_config(unit("paper", 3)).diag_every > 0
+    assert spec.run_config(unit("bf16", 3)).diag_every == 0
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, [unit("paper", s) for s in (3, 4)]
+                                          ) is None
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, [unit("bf16", s) for s in (3, 4)]
+                                          ) == 120.0
+    write("no_sr", 0, paused=130.0, diag=True)  # an unbatched unit that sampled them
+    assert seed_batch.batch_wall_estimate(
+        spec, tmp_path, [unit("paper", s) for s in (3, 4)]) == pytest.approx(330.0)
+    assert seed_batch.batch_wall_estimate(  # no seed of this batch samples diagnostics
+        spec, tmp_path, [unit("paper", s) for s in (4, 6)]) == 200.0
+    for s in (3, 4, 5):
+        write("paper", s, seeds=(3, 4, 5), wall=260.0, paused=70.0, diag=True)
+    assert seed_batch.diag_pause_estimate(spec, tmp_path, 10.0) == 130.0
+    assert seed_batch.batch_wall_estimate(  # the last own batch sampled them: as it took
+        spec, tmp_path, [unit("paper", s) for s in (5, 6)]) == 260.0
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
