@@ -177,15 +177,16 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
                 jax.block_until_ready(state.params)
                 t_pause = time.perf_counter()
                 if evaluate:
-                    for s, v in enumerate(batch.evaluate(state.params, val, mode)):
+                    vals = batch.evaluate(state.params, val, mode)
+                    for s, v in enumerate(vals):
                         records[s].append({"step": done, "val_bits_per_byte": float(v)})
                 if diagnose:
                     for s, flat in batch.diagnose(state.params, stacked, mode).items():
                         records[s].append({"step": done, **flat})
                 paused += time.perf_counter() - t_pause
                 if progress and evaluate:
-                    vals = " ".join(f"{r[-1]['val_bits_per_byte']:.4f}" for r in records)
-                    print(f"  step {done}/{steps}: val bpb {vals}", flush=True)
+                    print(f"  step {done}/{steps}: val bpb "
+                          + " ".join(f"{v:.4f}" for v in vals), flush=True)
     finally:
         feed.close()
     jax.block_until_ready(state.params)

@@ -405,7 +405,7 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
     assert study_report.gap_spread_sources({"bf16": variants["bf16"]}) == ""
 
 
-def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
+def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
     has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
     order) final loss; the seed that samples diagnostics has them at the unbatched run's
@@ -416,7 +416,12 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path):
     spec = dataclasses.replace(TINY, seeds=(0, 1), diag_samples=2, diag_seeds=(1,))
     units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
     corpus = _corpus()
-    batched = seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
+    batched = seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus, progress=True)
+    # Progress prints both seeds' validation at the evaluation that shares its step with
+    # a diagnostics sample.
+    progress = [ln for ln in capsys.readouterr().out.splitlines() if "val bpb" in ln]
+    assert len(progress) == 1 and progress[0].startswith("  step 4/8: val bpb ")
+    assert len(progress[0].split("val bpb ")[1].split()) == 2
     for unit, r in zip(units, batched, strict=True):
         single = unit_runs.run_unit(spec, unit, tmp_path / "s", corpus).result
         assert r["seed_batch"]["seeds"] == [0, 1] and r["seed"] == unit.seed
