@@ -690,10 +690,10 @@ later call while later batches that fit run; a batch with nothing of its length 
 kind timed runs only as a call's first (or with `--unestimated-min-s` seconds left). A
 seed of `diag_seeds` samples its per-layer diagnostics inside the batch, whose estimate
 then adds the longest diagnostics pause recorded at its length (none recorded: it runs
-unestimated). A batch's results are handed off as soon as it finishes. On the H200 (noise pilot, 3 seeds,
-pure_llama's model): BF16 42.3 ms per batched step against 3 × 14.8 ms unbatched, the
-paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds per device second); 121 s and
-203 s per batch of three units, compilation included.
+unestimated). A batch's results are handed off as soon as it finishes. On the H200
+(noise pilot, 3 seeds, pure_llama's model): BF16 42.3 ms per batched step against
+3 × 14.8 ms unbatched, the paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds
+per device second); 121 s and 203 s per batch of three units, compilation included.
 
 Another study's finished units that are exactly this study's (the same run config,
 model, steps and corpus) count here after `adopt STUDY --from-study OTHER`; the copy
