@@ -200,6 +200,38 @@ def _fake_result(spec, variant, seed, val):
     }
 
 
+def test_goals_section_reads_each_goal_from_the_intervals(tmp_path):
+    """The three goals' verdicts follow the 95% intervals: a full-recipe gap above the
+    published span, an ablation worse than the full recipe, the lowest-gap variant
+    within 0.5% of BF16; a gap whose interval reaches zero is flagged as a bug signal;
+    a straddling interval is "not resolved"; no results give no section."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="goals", seeds=SEEDS,
+                               variants=("bf16", "paper", "no_sr", "no_2d", "paper_tail"))
+
+    def results(gaps):
+        out = []
+        for sd in SEEDS:
+            out.append(_fake_result(spec, "bf16", sd, BF16_VALS[sd]))
+            out += [_fake_result(spec, v, sd, BF16_VALS[sd] * (1 + g[sd]))
+                    for v, g in gaps.items()]
+        return {"goals": out}
+
+    text = study_report.goals_section([spec], results({
+        "paper": {0: 0.030, 1: 0.031, 2: 0.032}, "no_sr": {0: 0.040, 1: 0.042, 2: 0.041},
+        "no_2d": {0: 0.01, 1: 0.05, 2: 0.03}, "paper_tail": {0: 0.001, 1: 0.002, 2: 0.0015}}))
+    lines = text.splitlines()
+    assert [ln for ln in lines if ln.startswith("  - goals") and "+3.10%" in ln][0].endswith(
+        ": above the published span")
+    assert [ln for ln in lines if ", no_sr:" in ln][0].endswith(": worse than the full recipe")
+    assert [ln for ln in lines if ", no_2d:" in ln][0].endswith(": not resolved")
+    best = [ln for ln in lines if ": paper_tail, " in ln]
+    assert len(best) == 1 and best[0].endswith(": within 0.5% of BF16")
+    zero = study_report.goals_section([spec], results({"paper": {0: -0.01, 1: 0.0, 2: 0.012}}))
+    assert "not distinguishable from zero: a bug signal" in zero
+    assert "nothing measured yet" in zero  # no ablation, no second variant
+    assert study_report.goals_section([spec], {"goals": []}) == ""
+
+
 def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
     gives them (in its study's table and in the headline table), flags the wide one,
