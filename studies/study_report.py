@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -716,6 +716,19 @@ PUBLISHED_ANCHORS = (
 """Published gaps the measured ones are read against (a static citation, not a result)."""
 
 
+def headline_groups(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
+                    ) -> Iterator[tuple[Any, str, float, dict[str, dict[int, dict]]]]:
+    """``(spec, corpus, tokens/param, {variant: {seed: result}})`` of each headline
+    study's groups, in the specs' unit order (studies with ``headline=False`` left out)."""
+    for spec in specs:
+        if not spec.headline:
+            continue
+        groups = by_group(results.get(spec.name, []))
+        for tpp in spec.tokens_per_param:
+            for corpus in spec.corpora:
+                yield spec, corpus, tpp, groups.get((corpus, tpp), {})
+
+
 PUBLISHED_GAP_RANGE = (0.016, 0.022)
 """The published anchors' span of the NVIDIA recipe's gap (`PUBLISHED_ANCHORS`: +1.6% at
 30M parameters to +2.2% at 200M): a citation the measured gaps are read against."""
@@ -753,42 +766,35 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
     """
     anchors, ablations, best = [], [], []
     lo_pub, hi_pub = PUBLISHED_GAP_RANGE
-    for spec in specs:
-        if not spec.headline:
-            continue
-        groups = by_group(results.get(spec.name, []))
-        for tpp in spec.tokens_per_param:
-            for corpus in spec.corpora:
-                where = f"{spec.name}, {corpus}, {tpp:g} tokens/param"
-                gaps = {v: g for v, g in paired_gaps(groups.get((corpus, tpp), {})).items()
-                        if g and v in spec.variants_of(corpus)}
-                if FULL_RECIPE in gaps:
-                    iv = mean_interval(list(gaps[FULL_RECIPE].values()))
-                    text = _verdict(
-                        iv, lo_pub, hi_pub, "below the published span",
-                        "within the published span", "above the published span",
-                        "not resolved against the published span")
-                    if iv.half_width is not None and iv.mean - iv.half_width <= 0:
-                        text += "; **not distinguishable from zero: a bug signal if it stays"
-                        text += " so**"
-                    cell = _interval_text(iv) if iv.half_width is not None else "one seed"
-                    anchors.append(f"  - {where}: {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
-                against = paired_gaps(groups.get((corpus, tpp), {}), FULL_RECIPE)
-                for v in ABLATIONS:
-                    if v in spec.variants_of(corpus) and len(against.get(v, {})) >= 2:
-                        iv = mean_interval(list(against[v].values()))
-                        text = _verdict(iv, 0.0, 0.0, "better than the full recipe", "",
-                                        "worse than the full recipe", "not resolved")
-                        ablations.append(f"  - {where}, {v}: {_pct(iv.mean)} "
-                                         f"{_interval_text(iv)}, n={iv.n}: {text}")
-                if len(gaps) > 1:
-                    v = min(gaps, key=lambda k: float(np.mean(list(gaps[k].values()))))
-                    iv = mean_interval(list(gaps[v].values()))
-                    text = _verdict(iv, SHIP_TARGET, SHIP_TARGET,
-                                    f"within {SHIP_TARGET:.1%} of BF16", "",
-                                    f"not within {SHIP_TARGET:.1%} of BF16", "not resolved")
-                    cell = _interval_text(iv) if iv.half_width is not None else "one seed"
-                    best.append(f"  - {where}: {v}, {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
+    for spec, corpus, tpp, variants in headline_groups(specs, results):
+        where = f"{spec.name}, {corpus}, {tpp:g} tokens/param"
+        gaps = {v: g for v, g in paired_gaps(variants).items()
+                if g and v in spec.variants_of(corpus)}
+        if FULL_RECIPE in gaps:
+            iv = mean_interval(list(gaps[FULL_RECIPE].values()))
+            text = _verdict(iv, lo_pub, hi_pub, "below the published span",
+                            "within the published span", "above the published span",
+                            "not resolved against the published span")
+            if iv.half_width is not None and iv.mean - iv.half_width <= 0:
+                text += "; **not distinguishable from zero: a bug signal if it stays so**"
+            cell = _interval_text(iv) if iv.half_width is not None else "one seed"
+            anchors.append(f"  - {where}: {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
+        against = paired_gaps(variants, FULL_RECIPE)
+        for v in ABLATIONS:
+            if v in spec.variants_of(corpus) and len(against.get(v, {})) >= 2:
+                iv = mean_interval(list(against[v].values()))
+                text = _verdict(iv, 0.0, 0.0, "better than the full recipe", "",
+                                "worse than the full recipe", "not resolved")
+                ablations.append(f"  - {where}, {v}: {_pct(iv.mean)} "
+                                 f"{_interval_text(iv)}, n={iv.n}: {text}")
+        if len(gaps) > 1:
+            v = min(gaps, key=lambda k: float(np.mean(list(gaps[k].values()))))
+            iv = mean_interval(list(gaps[v].values()))
+            text = _verdict(iv, SHIP_TARGET, SHIP_TARGET,
+                            f"within {SHIP_TARGET:.1%} of BF16", "",
+                            f"not within {SHIP_TARGET:.1%} of BF16", "not resolved")
+            cell = _interval_text(iv) if iv.half_width is not None else "one seed"
+            best.append(f"  - {where}: {v}, {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
     if not (anchors or ablations or best):
         return ""
     none = ["  - nothing measured yet"]
@@ -808,23 +814,18 @@ def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]
     with ``headline=False`` are left out. Empty when no gap has been measured."""
     head = ("| study | corpus | tokens/param | variant | gap to BF16 | 95% interval | seeds |")
     lines = []
-    for spec in specs:
-        if not spec.headline:
-            continue
-        groups = by_group(results.get(spec.name, []))
-        for tpp in spec.tokens_per_param:
-            for corpus in spec.corpora:
-                gaps = paired_gaps(groups.get((corpus, tpp), {}))
-                for v in spec.variants_of(corpus)[1:]:
-                    if not gaps.get(v):
-                        continue
-                    iv = mean_interval(list(gaps[v].values()))
-                    if iv.half_width is None:
-                        cell = "— (one seed)"
-                    else:
-                        cell = _interval_text(iv) + (" **too wide**" if iv.wide else "")
-                    lines.append(f"| {spec.name} | {corpus} | {tpp:g} | {v} | "
-                                 f"{_pct(iv.mean)} | {cell} | {iv.n} |")
+    for spec, corpus, tpp, variants in headline_groups(specs, results):
+        gaps = paired_gaps(variants)
+        for v in spec.variants_of(corpus)[1:]:
+            if not gaps.get(v):
+                continue
+            iv = mean_interval(list(gaps[v].values()))
+            if iv.half_width is None:
+                cell = "— (one seed)"
+            else:
+                cell = _interval_text(iv) + (" **too wide**" if iv.wide else "")
+            lines.append(f"| {spec.name} | {corpus} | {tpp:g} | {v} | "
+                         f"{_pct(iv.mean)} | {cell} | {iv.n} |")
     if not lines:
         return ""
     return "\n".join([head, "|" + " --- |" * (head.count("|") - 1), *lines])
