@@ -41,7 +41,15 @@ import jax.numpy as jnp
 import numpy as np
 import train_llama as tl
 from unit_records import environment
-from unit_runs import TooLong, build_result, checked_epochs, finished, result_path, write_json
+from unit_runs import (
+    TooLong,
+    build_result,
+    checked_epochs,
+    finished,
+    paused_s,
+    result_path,
+    write_json,
+)
 
 from fp4jax import diagnostics
 
@@ -71,7 +79,8 @@ class SeedBatch:
 
     Raises:
       ValueError: fewer than two seeds, a seed twice, a first config other than the
-        trainer's, a config that changes a compiled field, or a mesh.
+        trainer's, a config that changes a compiled field, seeds that sample diagnostics
+        at different cadences, or a mesh.
     """
 
     def __init__(self, trainer: tl.Trainer, run_configs: Sequence[tl.RunConfig]):
@@ -85,18 +94,20 @@ class SeedBatch:
         self.seeds = tuple(seeds)
         self.trainers = [trainer] + [trainer.for_run(c) for c in run_configs[1:]]
         self.trainer = self.trainers[0]
+        # Positions of the seeds that sample diagnostics (quantized runs whose config
+        # sets diag_every), all at one cadence.
+        self.diag_indices = tuple(i for i, t in enumerate(self.trainers)
+                                  if t.cfg.diag_every and t.report is not None)
+        cadences = {self.trainers[i].cfg.diag_every for i in self.diag_indices}
+        if len(cadences) > 1:
+            raise ValueError(f"the seeds that sample diagnostics differ in diag_every: "
+                             f"{sorted(cadences)}")
+        self.diag_every = cadences.pop() if cadences else 0
         self._evals: dict[str, Callable] = {}
 
     def init(self, total_steps: int) -> Any:
         """The seeds' fresh states, stacked."""
         return stack([t.init(total_steps) for t in self.trainers])
-
-    @property
-    def diag_indices(self) -> tuple[int, ...]:
-        """Positions in the batch of the seeds that sample diagnostics (quantized runs
-        whose config sets ``diag_every``)."""
-        return tuple(i for i, t in enumerate(self.trainers)
-                     if t.cfg.diag_every and t.report is not None)
 
     def diagnose(self, params: Any, batch: tuple, mode: str) -> dict[int, dict[str, float]]:
         """``{position: {"diag/layer/op/stat": value}}`` for `diag_indices`, each from
@@ -141,11 +152,6 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     pending: list[tuple[int, dict]] = []
     in_flight: collections.deque = collections.deque()
     paused, t_warm = 0.0, None
-    diag_every = (batch.trainers[batch.diag_indices[0]].cfg.diag_every
-                  if batch.diag_indices else 0)
-    if len({batch.trainers[i].cfg.diag_every for i in batch.diag_indices}) > 1:
-        raise ValueError("the seeds that sample diagnostics differ in diag_every: "
-                         f"{[batch.trainers[i].cfg.diag_every for i in batch.diag_indices]}")
 
     def flush() -> None:
         for done, metrics in jax.device_get(pending):
@@ -171,7 +177,7 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
                 pending.append((done, {**metrics, "mode": mode,
                                        "tokens": done * cfg.batch * cfg.seq}))
             evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
-            diagnose = diag_every and done % diag_every == 0
+            diagnose = batch.diag_every and done % batch.diag_every == 0
             if evaluate or diagnose:
                 flush()  # records stay in step order
                 jax.block_until_ready(state.params)
@@ -302,8 +308,7 @@ def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
         r = finished(results, u) if u.tokens_per_param == tokens_per_param else None
         if r and r.get("diagnostics"):
             sb = r.get("seed_batch")
-            pauses.append(sb["paused_s"] if sb else
-                          sum(g.get("paused_s") or 0.0 for g in r.get("segments", ())))
+            pauses.append(sb["paused_s"] if sb else paused_s(r))
     return max(pauses) if pauses else None
 
 

@@ -237,6 +237,12 @@ def build_result(spec: StudySpec, unit: Unit, summary: dict[str, Any],
     }
 
 
+def paused_s(result: dict[str, Any]) -> float:
+    """Seconds a unit's run spent paused (evaluations, diagnostics, checkpoints), summed
+    over its segments (a resumed unit has one per call)."""
+    return sum(g.get("paused_s") or 0.0 for g in result.get("segments", ()))
+
+
 def finished(results: Path, unit: Unit) -> dict[str, Any] | None:
     """A finished unit's result, or None."""
     p = result_path(results, unit)
@@ -313,17 +319,14 @@ def estimate_s(spec: StudySpec, unit: Unit, results: Path, *, compiled: bool = F
     if not alike:
         return None
 
-    def paused(r):
-        return sum(s.get("paused_s") or 0.0 for s in r.get("segments", ()))
-
     timed = [r for u, r in alike if u.variant == unit.variant] or [r for _, r in alike]
     paused_by = ([r for u, r in alike if (spec.run_config(u).diag_every > 0) == diag]
                  or [r for _, r in alike])
     compile_s = 0.0 if compiled else max(r.get("compile_s") or 0.0 for r in timed)
     train = statistics.median(
-        (r["train_wall_s"] - (r.get("compile_s") or 0.0) - paused(r)) * steps / r["steps"]
+        (r["train_wall_s"] - (r.get("compile_s") or 0.0) - paused_s(r)) * steps / r["steps"]
         for r in timed)
-    return compile_s + train + statistics.median(paused(r) for r in paused_by)
+    return compile_s + train + statistics.median(paused_s(r) for r in paused_by)
 
 
 def run_study(

@@ -476,6 +476,10 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     assert seed_batch.batch_plan(spec, tmp_path / "b", 2, {"variant": {"down_only"}}) == []
     with pytest.raises(ValueError, match="already finished"):
         seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
+    cfg = spec.run_config(units[1])  # seed 1 samples diagnostics
+    with pytest.raises(ValueError, match="differ in diag_every"):
+        seed_batch.SeedBatch(train_llama.Trainer(spec.model_config(), cfg, 8),
+                             [cfg, dataclasses.replace(cfg, seed=5, diag_every=3)])
     with pytest.raises(ValueError, match="differ only in their seed"):
         seed_batch.run_seed_batch(spec, [units[0], study_specs.Unit("python", 0.003, "bf16", 1)],
                                   tmp_path / "c", corpus)
