@@ -20,10 +20,12 @@ case ${1:?call 1, 2 or 3} in
   2)  # the hybrid's BF16, long_data's BF16, then its paper recipe at 10 tokens/param
     bash benchmarks/gpu_studies_call.sh 545 hybrid:bf16::3,4,5 long_data:bf16::3,4,5 \
       long_data:paper::3,4,5:3:160:10 ;;
-  3)  # long_data's paper recipe (100 tokens/param: ~300 s), the skinny GEMM GPU cases
-      # (their pass count went unrecorded in the twelfth session) if 140 s are left
+  3)  # long_data's paper recipe at 10 tokens/param (call 2 had 122 s left for it, under
+      # its MIN), then at 100 (~300 s), the skinny GEMM GPU cases (their pass count went
+      # unrecorded in the twelfth session) if 140 s are left
     T0=$SECONDS
-    bash benchmarks/gpu_studies_call.sh 540 long_data:paper::3,4,5:3:320
+    bash benchmarks/gpu_studies_call.sh 540 long_data:paper::3,4,5:3:100:10 \
+      long_data:paper::3,4,5:3:320:100
     LEFT=$((555 - (SECONDS - T0)))
     if [ "$LEFT" -ge 140 ]; then
       T1=$SECONDS
