@@ -437,6 +437,26 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
     assert study_report.gap_spread_sources({"bf16": variants["bf16"]}) == ""
 
 
+def test_sampling_diagnostics_leaves_a_seed_batchs_training_bitwise_unchanged(tmp_path):
+    """The diagnostics step only reads: a seed batch whose seed 1 samples per-layer
+    diagnostics trains both seeds to the same training losses, validation curve and
+    final loss, bit for bit, as the same batch with no diagnostics. (A seed that sampled
+    them on the H200, long_data's seed 3 at 10 tokens/param, ended with a gap near zero;
+    this rules out the sampling as its cause.)"""
+    import seed_batch  # noqa: PLC0415
+
+    units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
+    runs = {}
+    for name, samples in (("diag", 2), ("plain", 0)):
+        spec = dataclasses.replace(TINY, seeds=(0, 1), diag_samples=samples, diag_seeds=(1,))
+        runs[name] = seed_batch.run_seed_batch(spec, units, tmp_path / name, _corpus())
+    assert [len(r["diagnostics"]) for r in runs["diag"]] == [0, 2]
+    assert [len(r["diagnostics"]) for r in runs["plain"]] == [0, 0]
+    for with_diag, without in zip(runs["diag"], runs["plain"], strict=True):
+        for key in ("train_curve", "val_curve", "final_val_bpb"):
+            assert with_diag[key] == without[key], (with_diag["seed"], key)
+
+
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
     has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
