@@ -376,7 +376,8 @@ def _save(fig: Any, path: Path) -> None:
 def curves_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
                   path: Path) -> None:
     """Validation bits per byte along training (mean over seeds, band: min–max) and the
-    paired gap to BF16 along training (mean, band: min–max over seeds)."""
+    paired gap to BF16 along training (mean, band: min–max over seeds, and each seed as
+    a thin line: a seed that leads or trails the others all along shows as one)."""
     plt = _plt()
     fig, (ax, ax_gap) = plt.subplots(1, 2, figsize=(12, 4.5))
     base = variants.get(BASELINE, {})
@@ -403,12 +404,14 @@ def curves_figure(title: str, variants: dict[str, dict[int, dict]], order: Seque
             xt = np.array([tokens[steps.index(t)] for t in ok])
             ax_gap.plot(xt, g.mean(0), color=line.get_color(), label=v)
             ax_gap.fill_between(xt, g.min(0), g.max(0), color=line.get_color(), alpha=0.2)
+            for seed_gap in g:
+                ax_gap.plot(xt, seed_gap, color=line.get_color(), lw=0.6, alpha=0.5)
     ax.set(xlabel="training tokens (M)", ylabel="validation bits per byte",
            title=f"{title} (band: min–max over seeds)")
     ax.legend(fontsize=8)
     ax_gap.axhline(0.0, color="black", lw=0.8)
     ax_gap.set(xlabel="training tokens (M)", ylabel="gap to BF16 (%), paired by seed",
-               title="gap along training (band: min–max over seeds)")
+               title="gap along training (band: min–max; thin: each seed)")
     if ax_gap.lines[1:]:
         ax_gap.legend(fontsize=8)
     fig.tight_layout()
