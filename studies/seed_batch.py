@@ -15,7 +15,9 @@ A batch has no checkpoints (it runs to its end within one call). The seeds whose
 config samples per-layer diagnostics (`StudySpec.diag_seeds`) sample them at the steps an
 unbatched run would, each from its own slice of the stacked state and batch, through the
 one compiled diagnostics step (a forward pass: the batch compiles it once, whatever the
-number of such seeds).
+number of such seeds). Within a call, a later batch of a variant, length and size that an
+earlier batch compiled reuses its programs (`BatchPrograms`): an NVFP4 batch compiles for
+40-100 s on the H200, and the persistent cache cannot serve it (`unit_runs`).
 
 Example:
   >>> import numpy as np
@@ -48,6 +50,7 @@ from unit_runs import (
     finished,
     paused_s,
     result_path,
+    reusable_trainer,
     write_json,
 )
 
@@ -76,6 +79,8 @@ class SeedBatch:
         is ``trainer``'s); they may differ only in `train_llama.RUN_ONLY_FIELDS` (the
         seed, the logging, evaluation and diagnostics cadences), and the batch follows
         the first's logging and evaluation cadence.
+      evals: the jitted validation passes by precision mode, shared with an earlier
+        batch of ``trainer``'s programs (filled on first use).
 
     Raises:
       ValueError: fewer than two seeds, a seed twice, a first config other than the
@@ -83,7 +88,8 @@ class SeedBatch:
         at different cadences, or a mesh.
     """
 
-    def __init__(self, trainer: tl.Trainer, run_configs: Sequence[tl.RunConfig]):
+    def __init__(self, trainer: tl.Trainer, run_configs: Sequence[tl.RunConfig],
+                 evals: dict[str, Callable] | None = None):
         seeds = [c.seed for c in run_configs]
         if len(seeds) < 2 or len(set(seeds)) != len(seeds):
             raise ValueError(f"a seed batch needs two or more distinct seeds, got {seeds}")
@@ -103,7 +109,7 @@ class SeedBatch:
             raise ValueError(f"the seeds that sample diagnostics differ in diag_every: "
                              f"{sorted(cadences)}")
         self.diag_every = cadences.pop() if cadences else 0
-        self._evals: dict[str, Callable] = {}
+        self.evals: dict[str, Callable] = {} if evals is None else evals
 
     def init(self, total_steps: int) -> Any:
         """The seeds' fresh states, stacked."""
@@ -122,12 +128,41 @@ class SeedBatch:
 
     def evaluate(self, params: Any, val: list, mode: str) -> np.ndarray:
         """Each seed's mean validation loss in bits per byte (waits for the device)."""
-        if mode not in self._evals:
+        if mode not in self.evals:
             eval_step = self.trainer.eval_step
-            self._evals[mode] = jax.jit(jax.vmap(
+            self.evals[mode] = jax.jit(jax.vmap(
                 lambda p, b: eval_step(p, b, mode=mode)["loss"], in_axes=(0, None)))
-        losses = [self._evals[mode](params, b) for b in val]
+        losses = [self.evals[mode](params, b) for b in val]
         return np.mean(np.stack(jax.device_get(losses)), axis=0) / math.log(2.0)
+
+
+class BatchPrograms:
+    """The seed batches run so far in this process, by study, variant, run length and
+    batch size: a later batch of the same four takes its first trainer as a
+    `train_llama.Trainer.for_run` of the earlier batch's (the same compiled step and
+    diagnostics step) and shares its validation passes, instead of compiling them again.
+
+    Example:
+      >>> BatchPrograms().batches
+      {}
+    """
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple, SeedBatch] = {}
+
+    def seed_batch(self, spec: StudySpec, units: Sequence[Unit],
+                   run_configs: Sequence[tl.RunConfig], steps: int) -> SeedBatch:
+        """``units``' `SeedBatch`, on an earlier batch's programs where they serve."""
+        key = (spec.name, units[0].variant, units[0].tokens_per_param, len(units))
+        earlier = self.batches.get(key)
+        trainer = earlier and reusable_trainer(earlier.trainer, spec, units[0])
+        if trainer is not None:
+            batch = SeedBatch(trainer, run_configs, evals=earlier.evals)
+        else:
+            batch = SeedBatch(tl.Trainer(spec.model_config(), run_configs[0], steps),
+                              run_configs)
+        self.batches[key] = batch
+        return batch
 
 
 def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
@@ -212,10 +247,12 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
 
 
 def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
-                   corpus: data_lib.Corpus, *, command: str = "", progress: bool = False
-                   ) -> list[dict[str, Any]]:
+                   corpus: data_lib.Corpus, *, command: str = "", progress: bool = False,
+                   programs: BatchPrograms | None = None) -> list[dict[str, Any]]:
     """Trains ``units`` (one variant, corpus and length; distinct seeds; none finished)
-    as one seed batch and writes each one's result JSON; returns the results.
+    as one seed batch and writes each one's result JSON; returns the results. Given
+    ``programs``, the batch runs on an earlier batch's compiled programs where they
+    serve and leaves its own there for a later one.
 
     Raises:
       ValueError: if the units differ in more than their seed, or one has a result.
@@ -238,7 +275,7 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     epochs = checked_epochs(spec, first, data[0], corpus)
     val = data_lib.validation_batches(corpus.val, batch=cfgs[0].batch, seq=cfgs[0].seq,
                                       max_batches=cfgs[0].eval_batches)
-    batch = SeedBatch(tl.Trainer(spec.model_config(), cfgs[0], steps), cfgs)
+    batch = (programs or BatchPrograms()).seed_batch(spec, units, cfgs, steps)
     out = train_seeds(batch, data, val, steps=steps, progress=progress)
     extra_bf16 = None
     trainer = batch.trainer
@@ -364,13 +401,16 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     time left (of ``budget_s`` from ``t_begin``), leaving the others to a later call; a
     batch with no estimate (none of its length and kind timed) runs only as the call's
     first, with the whole budget before it, or, given ``unestimated_min_s``, whenever at
-    least that much time is left (the caller's bound on it). Calls ``after_batch`` after each
-    finished batch (to hand its results off at once: a call cut off later keeps them).
-    Returns the finished units' results."""
+    least that much time is left (the caller's bound on it). A batch whose variant, length
+    and size an earlier batch of the call compiled runs on its programs (`BatchPrograms`;
+    its estimate still counts a compilation, so it is an upper bound). Calls
+    ``after_batch`` after each finished batch (to hand its results off at once: a call cut
+    off later keeps them). Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     corpora: dict[str, data_lib.Corpus] = {}
+    programs = BatchPrograms()
     done: list[dict] = []
     for units in batch_plan(spec, results, size, only):
         left = budget_s - (time.perf_counter() - t_begin)
@@ -391,7 +431,7 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         print(f"[{spec.name}] seed batch {names}", flush=True)
         try:
             out = run_seed_batch(spec, units, results, corpora[corpus], command=command,
-                                 progress=progress)
+                                 progress=progress, programs=programs)
         except TooLong as e:
             print(f"SKIPPED {names}: {e}", flush=True)
             continue

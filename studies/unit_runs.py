@@ -287,7 +287,8 @@ def adopt_units(spec: StudySpec, results: Path, source: StudySpec,
     return notes
 
 
-def _reusable(trainer: tl.Trainer | None, spec: StudySpec, unit: Unit) -> tl.Trainer | None:
+def reusable_trainer(trainer: tl.Trainer | None, spec: StudySpec, unit: Unit
+                     ) -> tl.Trainer | None:
     """``trainer`` set up for ``unit`` when its compiled steps serve it (`Trainer.for_run`),
     else None."""
     if trainer is None or trainer.model_cfg != spec.model_config():
@@ -368,7 +369,7 @@ def run_study(
     trainer = None  # the previous unit's, reused when only the seed or cadences change
     for unit in todo:
         left = deadline - time.perf_counter()
-        reused = _reusable(trainer, spec, unit)
+        reused = reusable_trainer(trainer, spec, unit)
         est = estimate_s(spec, unit, results, compiled=reused is not None)
         if left < min(30.0, 0.1 * budget_s) or (est is not None
                                                  and left < est <= budget_s - reserve_s):

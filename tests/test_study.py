@@ -314,7 +314,10 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 
 
 def test_docstring_examples_of_the_study_modules_run():
-    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_report, handoff):
+    import seed_batch  # noqa: PLC0415
+
+    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_report, handoff,
+                seed_batch):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
@@ -455,6 +458,38 @@ def test_sampling_diagnostics_leaves_a_seed_batchs_training_bitwise_unchanged(tm
     for with_diag, without in zip(runs["diag"], runs["plain"], strict=True):
         for key in ("train_curve", "val_curve", "final_val_bpb"):
             assert with_diag[key] == without[key], (with_diag["seed"], key)
+
+
+def test_a_later_seed_batch_of_a_variant_runs_on_the_earlier_ones_programs(tmp_path):
+    """Two seed batches of one variant, length and size in one call: the second compiles
+    nothing (no XLA backend compilation: its step, diagnostics step and validation
+    passes are the first's) and trains its seeds bit for bit as the same batch does on
+    programs of its own."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3), diag_samples=2, diag_seeds=(1, 3))
+    units = [study_specs.Unit("python", 0.003, "down_only", s) for s in range(4)]
+    corpus = _corpus()
+    programs = seed_batch.BatchPrograms()
+    seed_batch.run_seed_batch(spec, units[:2], tmp_path / "call", corpus, programs=programs)
+    compiled = []
+
+    def on_duration(event, _secs, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        second = seed_batch.run_seed_batch(spec, units[2:], tmp_path / "call", corpus,
+                                           programs=programs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+    assert compiled == []
+    alone = seed_batch.run_seed_batch(spec, units[2:], tmp_path / "alone", corpus)
+    for reused, own in zip(second, alone, strict=True):
+        for key in ("train_curve", "val_curve", "final_val_bpb", "diagnostics"):
+            assert reused[key] == own[key], (own["seed"], key)
+    assert [len(r["diagnostics"]) for r in second] == [0, 2]
 
 
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
