@@ -337,16 +337,27 @@ block twice), so another variant's time is only a guide."""
 def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
                         ) -> float | None:
     """Seconds to allow for a batch's diagnostics samples (the first compiles the
-    diagnostics step): the longest pause of a finished unit of this length that sampled
-    them (its evaluations and checkpoints included, so an upper bound), or None if none
-    did."""
-    pauses = []
+    diagnostics step), from the finished units of this length.
+
+    Where a seed batch sampled them and a batch of its variant did not, the largest
+    difference of their pauses (what the sampling itself cost: the evaluations are in
+    both); failing that, the longest pause of a unit that sampled them (its evaluations
+    and checkpoints included, so an upper bound); None if none did.
+    """
+    sampled, plain, unit_pauses = [], {}, []
     for u in spec.units():
         r = finished(results, u) if u.tokens_per_param == tokens_per_param else None
+        sb = r and r.get("seed_batch")
+        if sb and sb.get("samples_diagnostics"):
+            sampled.append((u.variant, sb["paused_s"]))
+        elif sb:
+            plain[u.variant] = min(plain.get(u.variant, math.inf), sb["paused_s"])
         if r and r.get("diagnostics"):
-            sb = r.get("seed_batch")
-            pauses.append(sb["paused_s"] if sb else paused_s(r))
-    return max(pauses) if pauses else None
+            unit_pauses.append(sb["paused_s"] if sb else paused_s(r))
+    costs = [max(p - plain[v], 0.0) for v, p in sampled if v in plain]
+    if costs:
+        return max(costs)
+    return max(unit_pauses) if unit_pauses else None
 
 
 def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:

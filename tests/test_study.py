@@ -601,7 +601,9 @@ def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path
     """A batch with a seed that samples diagnostics, estimated from a batch that sampled
     none, adds the longest pause of a finished unit of its length that sampled them; with
     no such unit it has no estimate; from a batch that sampled them, nothing is added;
-    a BF16 batch (no diagnostics) is estimated as before."""
+    a BF16 batch (no diagnostics) is estimated as before. Once a seed batch has sampled
+    them, the allowance is its pause less that of its variant's batch that did not (the
+    sampling's own cost), not the unbatched unit's whole pause."""
     import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4, 5, 6), tokens_per_param=(10.0,),
@@ -634,9 +636,12 @@ def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path
         spec, tmp_path, [unit("paper", s) for s in (4, 6)]) == 200.0
     for s in (3, 4, 5):
         write("paper", s, seeds=(3, 4, 5), wall=260.0, paused=70.0, diag=True)
-    assert seed_batch.diag_pause_estimate(spec, tmp_path, 10.0) == 130.0
+    assert seed_batch.diag_pause_estimate(spec, tmp_path, 10.0) == 60.0  # 70 - 10
     assert seed_batch.batch_wall_estimate(  # the last own batch sampled them: as it took
         spec, tmp_path, [unit("paper", s) for s in (5, 6)]) == 260.0
+    assert seed_batch.batch_wall_estimate(  # an untimed variant: slowest x margin, and
+        spec, tmp_path, [unit("no_sr", s) for s in (3, 4, 5)]) == pytest.approx(
+            260.0 * seed_batch.UNTIMED_VARIANT_MARGIN)  # the slowest sampled them
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
@@ -774,3 +779,20 @@ def test_corpus_variants_restrict_a_corpus_to_some_variants():
                        ((("prose", ("bf16",)), ("prose", ("bf16",))), "names a corpus twice")]:
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(spec, corpus_variants=bad)
+
+
+def test_diag_corpora_limit_diagnostics_to_some_corpora():
+    """Only the quantized runs of a diagnostics seed on a corpus in ``diag_corpora`` (all
+    corpora when it is empty) sample diagnostics; a corpus the study does not run is
+    refused by name."""
+    spec = dataclasses.replace(TINY, corpora=("python", "prose"), seeds=(0, 1),
+                               diag_samples=2, diag_seeds=(1,))
+
+    def sampling(s):
+        return [u.name for u in s.units() if s.run_config(u).diag_every]
+
+    assert sampling(spec) == ["python-tpp0.003-down_only-s1", "prose-tpp0.003-down_only-s1"]
+    only_python = dataclasses.replace(spec, diag_corpora=("python",))
+    assert sampling(only_python) == ["python-tpp0.003-down_only-s1"]
+    with pytest.raises(ValueError, match=r"diag_corpora \('code',\)"):
+        dataclasses.replace(spec, diag_corpora=("code",))
