@@ -110,6 +110,8 @@ class SeedBatch:
                              f"{sorted(cadences)}")
         self.diag_every = cadences.pop() if cadences else 0
         self.evals: dict[str, Callable] = {} if evals is None else evals
+        # Set by `BatchPrograms` when the batch runs on an earlier batch's programs.
+        self.reused_programs = False
 
     def init(self, total_steps: int) -> Any:
         """The seeds' fresh states, stacked."""
@@ -153,16 +155,26 @@ class BatchPrograms:
     def seed_batch(self, spec: StudySpec, units: Sequence[Unit],
                    run_configs: Sequence[tl.RunConfig], steps: int) -> SeedBatch:
         """``units``' `SeedBatch`, on an earlier batch's programs where they serve."""
-        key = (spec.name, units[0].variant, units[0].tokens_per_param, len(units))
+        key = self.key(spec, units)
         earlier = self.batches.get(key)
         trainer = earlier and reusable_trainer(earlier.trainer, spec, units[0])
         if trainer is not None:
             batch = SeedBatch(trainer, run_configs, evals=earlier.evals)
+            batch.reused_programs = True
         else:
             batch = SeedBatch(tl.Trainer(spec.model_config(), run_configs[0], steps),
                               run_configs)
         self.batches[key] = batch
         return batch
+
+    def compiled(self, spec: StudySpec, units: Sequence[Unit]) -> bool:
+        """Whether an earlier batch compiled the programs ``units``' batch runs on."""
+        return self.key(spec, units) in self.batches
+
+    @staticmethod
+    def key(spec: StudySpec, units: Sequence[Unit]) -> tuple:
+        """What a batch's compiled programs depend on: study, variant, length, size."""
+        return (spec.name, units[0].variant, units[0].tokens_per_param, len(units))
 
 
 def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
@@ -301,7 +313,8 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
         extra: dict[str, Any] = {"seed_batch": {
             "seeds": list(batch.seeds), "index": s, "step_time_s": out["step_time_s"],
             "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"],
-            "samples_diagnostics": bool(batch.diag_indices)}}
+            "samples_diagnostics": bool(batch.diag_indices),
+            "reused_programs": batch.reused_programs}}
         if extra_bf16 is not None:
             extra["final_val_bpb_bf16_forward"] = float(extra_bf16[s])
         result = build_result(spec, unit, summary, out["records"][s], [segment], corpus, extra)
@@ -360,7 +373,8 @@ def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
     return max(unit_pauses) if unit_pauses else None
 
 
-def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -> float | None:
+def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *,
+                        compiled: bool = False) -> float | None:
     """Seconds the seed batch ``units`` is expected to take, from the finished batches'
     recorded wall times (compilation included), or None when none of its length and kind
     (BF16 or NVFP4) ran.
@@ -375,11 +389,17 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
     passes' share of a step differs by model (the noise pilot's 3-seed batches on the
     H200: 121 s BF16, 203 s the paper recipe, 1.68×, where 1.25× would have started a
     batch that could not finish). A batch that samples diagnostics, estimated from one
-    that did not, adds `diag_pause_estimate` (None where that is unknown).
+    that did not, adds `diag_pause_estimate` (None where that is unknown). Where
+    ``compiled`` (the batch runs on an earlier batch's programs: `BatchPrograms`), the
+    own batch it is estimated from counts without its compilation (its first step);
+    otherwise batches that ran on an earlier batch's programs are no guide (they
+    compiled nothing).
     """
     tpp = units[0].tokens_per_param
-    timed = [(u.variant, r["seed_batch"]) for u in spec.units() if u.tokens_per_param == tpp
-             for r in [finished(results, u)] if r and r.get("seed_batch")]
+    timed = [(u.variant, {**sb, "compile_s": r.get("compile_s") or 0.0})
+             for u in spec.units() if u.tokens_per_param == tpp
+             for r in [finished(results, u)] if r and r.get("seed_batch")
+             for sb in [r["seed_batch"]] if compiled or not sb.get("reused_programs")]
     diag = any(spec.run_config(u).diag_every for u in units)
 
     def with_diag(wall: float, sampled: bool) -> float | None:
@@ -390,7 +410,9 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit]) -
 
     own = [sb for v, sb in timed if v == units[0].variant and len(sb["seeds"]) >= len(units)]
     if own:
-        return with_diag(own[-1]["train_wall_s"], own[-1].get("samples_diagnostics", False))
+        ref = own[-1]
+        return with_diag(ref["train_wall_s"] - (ref["compile_s"] if compiled else 0.0),
+                         ref.get("samples_diagnostics", False))
     quantized = spec.variant(units[0].variant).quantized
     timed = [(v, sb) for v, sb in timed if spec.variant(v).quantized == quantized]
     alike = [sb for _, sb in timed if len(sb["seeds"]) == len(units)]
@@ -425,7 +447,8 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     done: list[dict] = []
     for units in batch_plan(spec, results, size, only):
         left = budget_s - (time.perf_counter() - t_begin)
-        need = batch_wall_estimate(spec, results, units)
+        need = batch_wall_estimate(spec, results, units,
+                                   compiled=programs.compiled(spec, units))
         names = ", ".join(u.name for u in units)
         if need is None and (left < unestimated_min_s if unestimated_min_s is not None
                              else bool(done)):

@@ -485,7 +485,9 @@ def test_a_later_seed_batch_of_a_variant_runs_on_the_earlier_ones_programs(tmp_p
     finally:
         jax.monitoring.unregister_event_duration_listener(on_duration)
     assert compiled == []
+    assert [r["seed_batch"]["reused_programs"] for r in second] == [True, True]
     alone = seed_batch.run_seed_batch(spec, units[2:], tmp_path / "alone", corpus)
+    assert [r["seed_batch"]["reused_programs"] for r in alone] == [False, False]
     for reused, own in zip(second, alone, strict=True):
         for key in ("train_curve", "val_curve", "final_val_bpb", "diagnostics"):
             assert reused[key] == own[key], (own["seed"], key)
@@ -642,6 +644,34 @@ def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path
     assert seed_batch.batch_wall_estimate(  # an untimed variant: slowest x margin, and
         spec, tmp_path, [unit("no_sr", s) for s in (3, 4, 5)]) == pytest.approx(
             260.0 * seed_batch.UNTIMED_VARIANT_MARGIN)  # the slowest sampled them
+
+
+def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_path):
+    """A batch that runs on an earlier batch's programs is estimated as its own variant's
+    last batch less that batch's compilation; a fresh batch is never estimated from a
+    batch that ran on reused programs (it compiled nothing)."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=tuple(range(9)), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper"), custom_variants=(),
+                               diag_samples=0)
+    unit = lambda s: study_specs.Unit("python", 10.0, "paper", s)  # noqa: E731
+
+    def write(seeds, wall, compile_s, reused):
+        for s in seeds:
+            r = _fake_result(spec, "paper", s, 1.0)
+            r["compile_s"] = compile_s
+            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, "paused_s": 5.0,
+                               "reused_programs": reused}
+            unit_runs.write_json(unit_runs.result_path(tmp_path, unit(s)), r)
+
+    write((0, 1, 2), 200.0, 50.0, False)
+    batch = [unit(s) for s in (6, 7, 8)]
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch) == 200.0
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.0
+    write((3, 4, 5), 151.0, 0.5, True)  # the last own batch, on the first one's programs
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch) == 200.0
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.5
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
