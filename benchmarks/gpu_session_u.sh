@@ -1,30 +1,30 @@
 # Fifteenth session's device calls (issue 12; <= 9.5 min each): pure_llama's paper recipe
-# and BF16 on seeds 8-10 (toward the ~17 paired seeds a ±0.3 pp interval needs; seed 8
-# samples per-layer diagnostics, the first pure_llama seed batch to, which measures what
-# the sampling costs there), 4/6 with the BF16-forward tail, and the second corpus: BF16,
-# the paper recipe and its BF16-forward tail on prose, seeds 0-2 (no diagnostics there).
+# and BF16 on Python seeds 8-13 (toward the ~17 paired seeds a ±0.3 pp interval needs;
+# seed 8 samples per-layer diagnostics, the first pure_llama seed batch to, which also
+# measures what the sampling costs there), the second corpus (BF16 and the paper recipe
+# on prose, seeds 0-2; no diagnostics there), then 4/6 with the BF16-forward tail.
 # Device tool: bash benchmarks/gpu_session_u.sh 1 (then 2, then 3), no carry needed.
 # Afterwards, here, for each STUDY folder the call returned:
 #   python studies/validation.py unpack STUDY --from FILES_AT/STUDY; ... report
 # and run the next call on the state the unpacked results leave (a batch that finished
 # is not run again; one that was skipped runs in a later call).
 #
-# Estimates (`seed_batch.batch_wall_estimate` on the committed results; actual times in
-# brackets, from the batches they are estimated from): pure_llama python paper s8-10
-# 424 s (the 5-seed batch's 287 s plus an unbatched unit's 137-s pause for the
-# diagnostics; the 3-seed paper batch took 203 s), BF16 120 s (120); four_over_six_tail
-# (untimed) 583 s now, (329 + the sampling's cost measured in call 1) x 1.25 after it;
-# prose BF16 120 s, paper 287 s, paper_tail 215 s (the Python batches': the prose corpus
-# is another byte stream of the same shapes).
+# Each entry is one process: its second batch of a variant (seeds 11-13) runs on the
+# first's compiled programs (`seed_batch.BatchPrograms`: no compilation, ~50 s less for
+# the paper recipe, ~17 s for BF16). Estimates (`seed_batch.batch_wall_estimate` on the
+# committed results): paper s8-10 424 s (the 5-seed batch's 287 s plus an unbatched
+# unit's 137-s pause for the diagnostics; the 3-seed batch took 203 s without them),
+# s11-13 on its programs ~230 s; BF16 120 s and ~100 s; prose BF16 120 s, paper 287 s
+# (the Python batches': another byte stream of the same shapes); four_over_six_tail
+# (untimed, diagnostics on seed 0) (329 s + the sampling's cost call 1 measures) x 1.25.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case ${1:?call 1, 2 or 3} in
-  1)  # the paper recipe then BF16 on Python seeds 8-10, BF16 on prose if it fits
-    bash benchmarks/gpu_studies_call.sh 545 pure_llama:paper:python:8,9,10 \
-      pure_llama:bf16:python:8,9,10 pure_llama:bf16:prose:0,1,2 ;;
-  2)  # 4/6 with the BF16-forward tail on Python (diagnostics on seed 0), BF16 on prose
-      # if call 1 left it
+  1)  # the paper recipe on Python seeds 8-13 (~275 s + ~150 s)
+    bash benchmarks/gpu_studies_call.sh 545 pure_llama:paper:python:8,9,10,11,12,13 ;;
+  2)  # BF16 on Python seeds 8-13 (~120 s + ~100 s), then prose: BF16 and the paper recipe
+    bash benchmarks/gpu_studies_call.sh 560 pure_llama:bf16:python:8,9,10,11,12,13 \
+      pure_llama:bf16,paper:prose:0,1,2 ;;
+  3)  # 4/6 with the BF16-forward tail on Python (~440 s), then what prose has left
     bash benchmarks/gpu_studies_call.sh 560 pure_llama:four_over_six_tail:python:0,1,2 \
-      pure_llama:bf16:prose:0,1,2 ;;
-  3)  # prose: BF16 if not yet run, the paper recipe, its BF16-forward tail
-    bash benchmarks/gpu_studies_call.sh 540 pure_llama:bf16,paper,paper_tail:prose:0,1,2 ;;
+      pure_llama:bf16,paper,paper_tail:prose:0,1,2 ;;
 esac
