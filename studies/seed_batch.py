@@ -435,8 +435,8 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     batch with no estimate (none of its length and kind timed) runs only as the call's
     first, with the whole budget before it, or, given ``unestimated_min_s``, whenever at
     least that much time is left (the caller's bound on it). A batch whose variant, length
-    and size an earlier batch of the call compiled runs on its programs (`BatchPrograms`;
-    its estimate still counts a compilation, so it is an upper bound). Calls
+    and size an earlier batch of the call compiled runs on its programs (`BatchPrograms`)
+    and is estimated without a compilation. Calls
     ``after_batch`` after each finished batch (to hand its results off at once: a call cut
     off later keeps them). Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
