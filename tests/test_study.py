@@ -450,9 +450,12 @@ def test_sampling_diagnostics_leaves_a_seed_batchs_training_bitwise_unchanged(tm
 
     units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
     runs = {}
+    programs = seed_batch.BatchPrograms()  # the diagnostics cadence is not compiled in
     for name, samples in (("diag", 2), ("plain", 0)):
         spec = dataclasses.replace(TINY, seeds=(0, 1), diag_samples=samples, diag_seeds=(1,))
-        runs[name] = seed_batch.run_seed_batch(spec, units, tmp_path / name, _corpus())
+        runs[name] = seed_batch.run_seed_batch(spec, units, tmp_path / name, _corpus(),
+                                               programs=programs)
+    assert runs["plain"][0]["seed_batch"]["reused_programs"]
     assert [len(r["diagnostics"]) for r in runs["diag"]] == [0, 2]
     assert [len(r["diagnostics"]) for r in runs["plain"]] == [0, 0]
     for with_diag, without in zip(runs["diag"], runs["plain"], strict=True):
