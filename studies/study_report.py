@@ -120,8 +120,33 @@ def difference_interval(first: Sequence[float], second: Sequence[float]) -> Inte
     if va + vb == 0.0:
         return Interval(mean, 0.0, int(min(a.size, b.size)), None)
     df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    return Interval(mean, t_critical(max(1, math.floor(df))) * math.sqrt(va + vb),
+    # Rounded down, but not a whole degree below an integer ν that rounding error
+    # put a hair under it (equal variances and sizes give ν = 2(n-1) exactly).
+    df = math.floor(df + 1e-9)
+    return Interval(mean, t_critical(max(1, df)) * math.sqrt(va + vb),
                     int(min(a.size, b.size)), None)
+
+
+def length_growth(groups: dict[tuple[str, float], dict[str, dict[int, dict]]], corpus: str,
+                  variant: str, short: float, long: float) -> tuple[dict[float, list[float]],
+                                                                    Interval | None]:
+    """A variant's paired gaps by run length on ``corpus`` (``groups``: `by_group`), and
+    the gap at ``long`` minus the gap at ``short`` (`difference_interval`), None with
+    fewer than two seeds at either length."""
+    by_length = {}
+    for (c, t), variants in groups.items():
+        g = paired_gaps(variants).get(variant) if c == corpus else None
+        if g:
+            by_length[t] = list(g.values())
+    if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) < 2:
+        return by_length, None
+    return by_length, difference_interval(by_length[short], by_length[long])
+
+
+def growth_verdict(d: Interval) -> str:
+    """"grows", "shrinks" or "not resolved": where a growth's 95% interval lies."""
+    lo, hi = d.mean - d.half_width, d.mean + d.half_width
+    return "grows" if lo > 0 else "shrinks" if hi < 0 else "not resolved"
 
 
 def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
@@ -613,24 +638,20 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                   "| --- |" + " --- |" * (len(spec.tokens_per_param) + 2)]
         for corpus in spec.corpora:
             for v in spec.variants_of(corpus)[1:]:
-                cells, by_length = [], {}
+                by_length, d = length_growth(groups, corpus, v, short, long)
+                cells = []
                 for t in spec.tokens_per_param:
-                    g = paired_gaps(groups.get((corpus, t), {})).get(v)
-                    if not g:
+                    if t not in by_length:
                         cells.append("—")
                         continue
-                    by_length[t] = list(g.values())
                     iv = mean_interval(by_length[t])
                     cells.append(_pct(iv.mean) + (f" ± {iv.half_width * 100:.2f} pp"
                                                   if iv.half_width is not None else "")
                                  + f" (n={iv.n})")
-                if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) >= 2:
-                    d = difference_interval(by_length[short], by_length[long])
+                if d is not None:
                     lo, hi = d.mean - d.half_width, d.mean + d.half_width
                     cells += [f"{d.mean * 100:+.2f} pp",
-                              f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp "
-                              + ("grows" if lo > 0 else "shrinks" if hi < 0
-                                 else "not resolved")]
+                              f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp {growth_verdict(d)}"]
                 else:
                     cells += ["—", "—"]
                 lines.append(f"| {v} ({corpus}) | " + " | ".join(cells) + " |")
@@ -759,10 +780,12 @@ def _verdict(iv: Interval, low: float, high: float, below: str, inside: str, abo
 
 
 def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]) -> str:
-    """Issue 12's three goals, each read from the measured gaps (markdown bullets; empty
-    when nothing is measured): the full recipe's gap against the published span, each
-    ablation against the full recipe (paired by seed), and the variant with the lowest
-    mean gap against the 0.5% target, per headline study, corpus and run length.
+    """Issue 12's three goals and its item 4's question, each read from the measured gaps
+    (markdown bullets; empty when nothing is measured): the full recipe's gap against the
+    published span, each ablation against the full recipe (paired by seed), and the
+    variant with the lowest mean gap against the 0.5% target, per headline study, corpus
+    and run length; and, for a headline study of two or more run lengths, whether the
+    full recipe's gap grows from the shortest to the longest (`length_growth`).
 
     A verdict needs the 95% interval on one side of the mark; otherwise it says "not
     resolved". The lowest mean is picked after the fact, so its interval is optimistic.
@@ -798,7 +821,22 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
                             f"not within {SHIP_TARGET:.1%} of BF16", "not resolved")
             cell = _interval_text(iv) if iv.half_width is not None else "one seed"
             best.append(f"  - {where}: {v}, {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
-    if not (anchors or ablations or best):
+    growths = []
+    for spec in specs:
+        if not spec.headline or len(spec.tokens_per_param) < 2:
+            continue
+        short, long = spec.tokens_per_param[0], spec.tokens_per_param[-1]
+        groups = by_group(results.get(spec.name, []))
+        for corpus in spec.corpora:
+            by_length, d = length_growth(groups, corpus, FULL_RECIPE, short, long)
+            if d is not None:
+                lo, hi = d.mean - d.half_width, d.mean + d.half_width
+                growths.append(
+                    f"  - {spec.name}, {corpus}, {short:g} → {long:g} tokens/param: "
+                    f"{d.mean * 100:+.2f} pp [{lo * 100:+.2f}, {hi * 100:+.2f}] pp, "
+                    f"n={len(by_length[short])} and {len(by_length[long])}: "
+                    f"{growth_verdict(d)}")
+    if not (anchors or ablations or best or growths):
         return ""
     none = ["  - nothing measured yet"]
     return "\n".join([
@@ -808,7 +846,10 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
         "- Each ablation against the full recipe (val / val_paper - 1, paired by seed; the "
         "issue expects each to be worse):", *(ablations or none),
         f"- The variant with the lowest mean gap against the {SHIP_TARGET:.1%} target "
-        "(picked after the fact: its interval is optimistic):", *(best or none)])
+        "(picked after the fact: its interval is optimistic):", *(best or none),
+        "- Item 4: the full recipe's gap at the longest run length minus at the shortest "
+        "(95% Welch interval; published: the gap grows with tokens per parameter):",
+        *(growths or none)])
 
 
 def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]) -> str:

@@ -232,6 +232,36 @@ def test_goals_section_reads_each_goal_from_the_intervals(tmp_path):
     assert study_report.goals_section([spec], {"goals": []}) == ""
 
 
+def test_goals_section_reads_the_growth_with_run_length_from_its_welch_interval():
+    """Item 4's verdict: the full recipe's gap at the longest run length minus at the
+    shortest, with `difference_interval`'s Welch interval, "grows" when it lies above
+    zero and "not resolved" when it straddles it; a study of one run length has none."""
+    spec = dataclasses.replace(study_specs.STUDIES["long_data"], name="growth", seeds=SEEDS)
+
+    def results(long_gaps):
+        out = []
+        for tpp, gaps in ((10.0, {0: 0.030, 1: 0.031, 2: 0.029}), (100.0, long_gaps)):
+            for sd in SEEDS:
+                for v, val in (("bf16", BF16_VALS[sd]), ("paper", BF16_VALS[sd] * (1 + gaps[sd]))):
+                    r = _fake_result(spec, v, sd, val)
+                    r["tokens_per_param_planned"] = tpp
+                    out.append(r)
+        return {"growth": out}
+
+    grows = {0: 0.050, 1: 0.052, 2: 0.051}
+    line = [ln for ln in study_report.goals_section([spec], results(grows)).splitlines()
+            if "10 → 100 tokens/param" in ln]
+    d = study_report.difference_interval([0.030, 0.031, 0.029], list(grows.values()))
+    lo, hi = d.mean - d.half_width, d.mean + d.half_width
+    assert line == [f"  - growth, python, 10 → 100 tokens/param: {d.mean * 100:+.2f} pp "
+                    f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp, n=3 and 3: grows"]
+    straddles = study_report.goals_section([spec], results({0: 0.0, 1: 0.06, 2: 0.03}))
+    assert [ln for ln in straddles.splitlines() if "10 → 100" in ln][0].endswith(
+        ": not resolved")
+    one_length = dataclasses.replace(spec, tokens_per_param=(10.0,))
+    assert "10 → 100" not in study_report.goals_section([one_length], results(grows))
+
+
 def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     """The report pairs seeds, prints each gap's mean and 95% interval as the interval math
     gives them (in its study's table and in the headline table), flags the wide one,
