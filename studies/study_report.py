@@ -712,9 +712,13 @@ and length (or, for a variant not yet timed, 1.25× the slowest batch of that le
 and seed count, of its kind: BF16 or NVFP4) fits what is left, else it waits for a
 later call while later batches that fit run; a batch with nothing of its length and
 kind timed runs only as a call's first (or with `--unestimated-min-s` seconds left). A
-seed of `diag_seeds` samples its per-layer diagnostics inside the batch, whose estimate
-then adds the longest diagnostics pause recorded at its length (none recorded: it runs
-unestimated). A batch's results are handed off as soon as it finishes. On the H200
+seed of `diag_seeds` (on `diag_corpora`) samples its per-layer diagnostics inside the
+batch, whose estimate then adds what sampling them cost a batch of its length (its pause
+less its variant's plain batch's; failing that, the longest diagnostics pause recorded at
+its length; none recorded: it runs unestimated). A later batch of a variant, length and
+seed count in the same call runs on the first one's compiled programs
+(`BatchPrograms`: 40-100 s less for an NVFP4 batch) and is estimated without the
+compilation. A batch's results are handed off as soon as it finishes. On the H200
 (noise pilot, 3 seeds, pure_llama's model): BF16 42.3 ms per batched step against
 3 × 14.8 ms unbatched, the paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds
 per device second); 121 s and 203 s per batch of three units, compilation included.
