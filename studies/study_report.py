@@ -127,9 +127,9 @@ def difference_interval(first: Sequence[float], second: Sequence[float]) -> Inte
                     int(min(a.size, b.size)), None)
 
 
-def length_growth(groups: dict[tuple[str, float], dict[str, dict[int, dict]]], corpus: str,
-                  variant: str, short: float, long: float) -> tuple[dict[float, list[float]],
-                                                                    Interval | None]:
+def length_growth(groups: dict[Group, dict[str, dict[int, dict]]], corpus: str, variant: str,
+                  short: float, long: float
+                  ) -> tuple[dict[float, list[float]], Interval | None]:
     """A variant's paired gaps by run length on ``corpus`` (``groups``: `by_group`), and
     the gap at ``long`` minus the gap at ``short`` (`difference_interval`), None with
     fewer than two seeds at either length."""
@@ -141,12 +141,6 @@ def length_growth(groups: dict[tuple[str, float], dict[str, dict[int, dict]]], c
     if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) < 2:
         return by_length, None
     return by_length, difference_interval(by_length[short], by_length[long])
-
-
-def growth_verdict(d: Interval) -> str:
-    """"grows", "shrinks" or "not resolved": where a growth's 95% interval lies."""
-    lo, hi = d.mean - d.half_width, d.mean + d.half_width
-    return "grows" if lo > 0 else "shrinks" if hi < 0 else "not resolved"
 
 
 def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
@@ -649,9 +643,8 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                                                   if iv.half_width is not None else "")
                                  + f" (n={iv.n})")
                 if d is not None:
-                    lo, hi = d.mean - d.half_width, d.mean + d.half_width
                     cells += [f"{d.mean * 100:+.2f} pp",
-                              f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp {growth_verdict(d)}"]
+                              f"{_pp_interval(d)} {_growth_verdict(d)}"]
                 else:
                     cells += ["—", "—"]
                 lines.append(f"| {v} ({corpus}) | " + " | ".join(cells) + " |")
@@ -744,14 +737,19 @@ PUBLISHED_ANCHORS = (
 """Published gaps the measured ones are read against (a static citation, not a result)."""
 
 
+def _headline_studies(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
+                      ) -> Iterator[tuple[Any, dict[Group, dict[str, dict[int, dict]]]]]:
+    """``(spec, by_group(its results))`` of each study with ``headline=True``."""
+    for spec in specs:
+        if spec.headline:
+            yield spec, by_group(results.get(spec.name, []))
+
+
 def headline_groups(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
                     ) -> Iterator[tuple[Any, str, float, dict[str, dict[int, dict]]]]:
     """``(spec, corpus, tokens/param, {variant: {seed: result}})`` of each headline
     study's groups, in the specs' unit order (studies with ``headline=False`` left out)."""
-    for spec in specs:
-        if not spec.headline:
-            continue
-        groups = by_group(results.get(spec.name, []))
+    for spec, groups in _headline_studies(specs, results):
         for tpp in spec.tokens_per_param:
             for corpus in spec.corpora:
                 yield spec, corpus, tpp, groups.get((corpus, tpp), {})
@@ -781,6 +779,16 @@ def _verdict(iv: Interval, low: float, high: float, below: str, inside: str, abo
     if low < high and low <= lo and hi <= high:
         return inside
     return unresolved
+
+
+def _growth_verdict(d: Interval) -> str:
+    """Where a growth's (`length_growth`) 95% interval lies against zero."""
+    return _verdict(d, 0.0, 0.0, "shrinks", "", "grows", "not resolved")
+
+
+def _pp_interval(d: Interval) -> str:
+    """A difference's 95% interval in percentage points: ``[+1.01, +4.02] pp``."""
+    return f"[{(d.mean - d.half_width) * 100:+.2f}, {(d.mean + d.half_width) * 100:+.2f}] pp"
 
 
 def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]) -> str:
@@ -826,20 +834,18 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
             cell = _interval_text(iv) if iv.half_width is not None else "one seed"
             best.append(f"  - {where}: {v}, {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
     growths = []
-    for spec in specs:
-        if not spec.headline or len(spec.tokens_per_param) < 2:
+    for spec, groups in _headline_studies(specs, results):
+        if len(spec.tokens_per_param) < 2:
             continue
         short, long = spec.tokens_per_param[0], spec.tokens_per_param[-1]
-        groups = by_group(results.get(spec.name, []))
         for corpus in spec.corpora:
             by_length, d = length_growth(groups, corpus, FULL_RECIPE, short, long)
             if d is not None:
-                lo, hi = d.mean - d.half_width, d.mean + d.half_width
                 growths.append(
                     f"  - {spec.name}, {corpus}, {short:g} → {long:g} tokens/param: "
-                    f"{d.mean * 100:+.2f} pp [{lo * 100:+.2f}, {hi * 100:+.2f}] pp, "
+                    f"{d.mean * 100:+.2f} pp {_pp_interval(d)}, "
                     f"n={len(by_length[short])} and {len(by_length[long])}: "
-                    f"{growth_verdict(d)}")
+                    f"{_growth_verdict(d)}")
     if not (anchors or ablations or best or growths):
         return ""
     none = ["  - nothing measured yet"]
