@@ -79,8 +79,9 @@ class SeedBatch:
         is ``trainer``'s); they may differ only in `train_llama.RUN_ONLY_FIELDS` (the
         seed, the logging, evaluation and diagnostics cadences), and the batch follows
         the first's logging and evaluation cadence.
-      evals: the jitted validation passes by precision mode, shared with an earlier
-        batch of ``trainer``'s programs (filled on first use).
+      earlier: an earlier batch whose programs ``trainer`` runs on (`BatchPrograms`):
+        this batch shares its jitted validation passes and records that it compiled
+        nothing of its own (``reused_programs``).
 
     Raises:
       ValueError: fewer than two seeds, a seed twice, a first config other than the
@@ -89,7 +90,7 @@ class SeedBatch:
     """
 
     def __init__(self, trainer: tl.Trainer, run_configs: Sequence[tl.RunConfig],
-                 evals: dict[str, Callable] | None = None):
+                 earlier: SeedBatch | None = None):
         seeds = [c.seed for c in run_configs]
         if len(seeds) < 2 or len(set(seeds)) != len(seeds):
             raise ValueError(f"a seed batch needs two or more distinct seeds, got {seeds}")
@@ -109,9 +110,9 @@ class SeedBatch:
             raise ValueError(f"the seeds that sample diagnostics differ in diag_every: "
                              f"{sorted(cadences)}")
         self.diag_every = cadences.pop() if cadences else 0
-        self.evals: dict[str, Callable] = {} if evals is None else evals
-        # Set by `BatchPrograms` when the batch runs on an earlier batch's programs.
-        self.reused_programs = False
+        # The jitted validation passes by precision mode (filled on first use).
+        self.evals: dict[str, Callable] = {} if earlier is None else earlier.evals
+        self.reused_programs = earlier is not None
 
     def init(self, total_steps: int) -> Any:
         """The seeds' fresh states, stacked."""
@@ -159,8 +160,7 @@ class BatchPrograms:
         earlier = self.batches.get(key)
         trainer = earlier and reusable_trainer(earlier.trainer, spec, units[0])
         if trainer is not None:
-            batch = SeedBatch(trainer, run_configs, evals=earlier.evals)
-            batch.reused_programs = True
+            batch = SeedBatch(trainer, run_configs, earlier=earlier)
         else:
             batch = SeedBatch(tl.Trainer(spec.model_config(), run_configs[0], steps),
                               run_configs)
