@@ -341,6 +341,11 @@ def batch_plan(spec: StudySpec, results: Path, size: int, only: dict[str, set] |
             if len(chunk) >= 2]
 
 
+MORE_SEEDS_MARGIN = 1.1
+"""How much longer than its own smaller batch scaled up (`scaled_to_seeds`) a variant's
+batch of more seeds is assumed to take: the extrapolation's allowance for what the seed
+count's other costs (memory, the evaluations' host work) may add."""
+
 UNTIMED_VARIANT_MARGIN = 1.25
 """How much longer than the slowest timed batch a variant with no timed batch of its own
 is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantizes each
@@ -380,10 +385,12 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
     (BF16 or NVFP4) ran.
 
     The last batch of the same variant and length with as many seeds or more; failing
-    that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed
-    count, or where none has that seed count, the slowest batch of the length scaled up
-    linearly where it had fewer seeds (a batch of more seeds bounds it from above: the
-    compilation and evaluations do not shrink with the seed count). An NVFP4 variant is
+    that, its largest batch of fewer seeds scaled up (`scaled_to_seeds`) times
+    `MORE_SEEDS_MARGIN`; failing that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch
+    of the same length and seed count, or where none has that seed count, the slowest
+    batch of the length, scaled up where it had fewer seeds (a batch of more seeds bounds
+    it from above: the compilation and evaluations do not shrink with the seed count).
+    An NVFP4 variant is
     estimated from NVFP4 batches only: with none of its length timed it gets None, like
     the study's first batch of a length. A BF16 batch is no guide to it: the quantization
     passes' share of a step differs by model (the noise pilot's 3-seed batches on the
@@ -408,21 +415,42 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
         extra = diag_pause_estimate(spec, results, tpp)
         return None if extra is None else wall + extra
 
-    own = [sb for v, sb in timed if v == units[0].variant and len(sb["seeds"]) >= len(units)]
+    mine = [sb for v, sb in timed if v == units[0].variant]
+    own = [sb for sb in mine if len(sb["seeds"]) >= len(units)]
     if own:
         ref = own[-1]
         return with_diag(ref["train_wall_s"] - (ref["compile_s"] if compiled else 0.0),
                          ref.get("samples_diagnostics", False))
+    if mine:
+        ref = max(mine, key=lambda sb: len(sb["seeds"]))
+        wall = with_diag(scaled_to_seeds(ref, len(units), compiled=compiled),
+                         ref.get("samples_diagnostics", False))
+        return None if wall is None else wall * MORE_SEEDS_MARGIN
     quantized = spec.variant(units[0].variant).quantized
     timed = [(v, sb) for v, sb in timed if spec.variant(v).quantized == quantized]
     alike = [sb for _, sb in timed if len(sb["seeds"]) == len(units)]
-    scaled = [(sb["train_wall_s"] * max(1.0, len(units) / len(sb["seeds"])), sb)
+    scaled = [(scaled_to_seeds(sb, len(units)), sb)
               for sb in (alike or [sb for _, sb in timed])]
     if not scaled:
         return None
     wall, sb = max(scaled, key=lambda x: x[0])
     wall = with_diag(wall, sb.get("samples_diagnostics", False))
     return None if wall is None else wall * UNTIMED_VARIANT_MARGIN
+
+
+def scaled_to_seeds(batch: dict, seeds: int, *, compiled: bool = False) -> float:
+    """A finished batch's wall time with its training and evaluations (all but the
+    compilation) scaled up linearly to ``seeds`` where it had fewer; without the
+    compilation where ``compiled``.
+
+    Linear is an upper bound on the H200: a seed's share of a batched step shrinks as
+    seeds are added (pure_llama's paper recipe: 49.3 s per seed outside the compilation in
+    batches of three, 45.4 s in batches of five), while the compilation hardly grows
+    (49-51 s and 60 s).
+    """
+    compile_s = batch.get("compile_s") or 0.0
+    rest = (batch["train_wall_s"] - compile_s) * max(1.0, seeds / len(batch["seeds"]))
+    return rest + (0.0 if compiled else compile_s)
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,

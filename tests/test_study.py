@@ -615,6 +615,42 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(400.0 * margin)
 
 
+def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_compilation(
+        tmp_path):
+    """A variant's batch of more seeds than any of its own finished batches is its
+    largest own batch with all but the compilation scaled to the seed count, times
+    `MORE_SEEDS_MARGIN`: an own batch, not the slowest of its kind (a slower variant's
+    time is no guide where its own is known), and the compilation counted once; without
+    it where the batch runs on compiled programs."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=tuple(range(12)), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "four_over_six"),
+                               custom_variants=(), diag_samples=0)
+    unit = lambda v, s: study_specs.Unit("python", 10.0, v, s)  # noqa: E731
+
+    def batch(variant, seeds, wall, compile_s):
+        for s in seeds:
+            r = _fake_result(spec, variant, s, 1.0)
+            r["compile_s"] = compile_s
+            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, "paused_s": 5.0}
+            unit_runs.write_json(unit_runs.result_path(tmp_path, unit(variant, s)), r)
+
+    batch("four_over_six", (0, 1, 2), 330.0, 100.0)
+    batch("paper", (0, 1, 2), 200.0, 50.0)
+    batch("paper", (3, 4, 5, 6, 7), 285.0, 60.0)  # the largest own batch: the guide
+    six = [unit("paper", s) for s in range(6, 12)]
+    margin = seed_batch.MORE_SEEDS_MARGIN
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, six) == pytest.approx(
+        (60.0 + 225.0 * 6 / 5) * margin)
+    assert seed_batch.batch_wall_estimate(spec, tmp_path, six, compiled=True) == (
+        pytest.approx(225.0 * 6 / 5 * margin))
+    assert seed_batch.batch_wall_estimate(  # as many seeds as an own batch: as it took
+        spec, tmp_path, six[:5]) == 285.0
+    assert seed_batch.batch_wall_estimate(  # a variant never timed: still its kind's slowest
+        spec, tmp_path, [unit("bf16", s) for s in range(3)]) is None
+
+
 def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path):
     """A batch with a seed that samples diagnostics, estimated from a batch that sampled
     none, adds the longest pause of a finished unit of its length that sampled them; with
