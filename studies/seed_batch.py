@@ -388,19 +388,18 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
     that, its largest batch of fewer seeds scaled up (`scaled_to_seeds`) times
     `MORE_SEEDS_MARGIN`; failing that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch
     of the same length and seed count, or where none has that seed count, the slowest
-    batch of the length, scaled up where it had fewer seeds (a batch of more seeds bounds
-    it from above: the compilation and evaluations do not shrink with the seed count).
-    An NVFP4 variant is
-    estimated from NVFP4 batches only: with none of its length timed it gets None, like
-    the study's first batch of a length. A BF16 batch is no guide to it: the quantization
-    passes' share of a step differs by model (the noise pilot's 3-seed batches on the
-    H200: 121 s BF16, 203 s the paper recipe, 1.68×, where 1.25× would have started a
-    batch that could not finish). A batch that samples diagnostics, estimated from one
-    that did not, adds `diag_pause_estimate` (None where that is unknown). Where
-    ``compiled`` (the batch runs on an earlier batch's programs: `BatchPrograms`), the
-    own batch it is estimated from counts without its compilation (its first step);
-    otherwise batches that ran on an earlier batch's programs are no guide (they
-    compiled nothing).
+    batch of the length, scaled up where it had fewer seeds (a batch of more seeds
+    bounds it from above: the compilation and evaluations do not shrink with the seed
+    count). An NVFP4 variant is estimated from NVFP4 batches only: with none of its
+    length timed it gets None, like the study's first batch of a length. A BF16 batch is
+    no guide to it: the quantization passes' share of a step differs by model (the noise
+    pilot's 3-seed batches on the H200: 121 s BF16, 203 s the paper recipe, 1.68×, where
+    1.25× would have started a batch that could not finish). A batch that samples
+    diagnostics, estimated from one that did not, adds `diag_pause_estimate` (None where
+    that is unknown). Where ``compiled`` (the batch runs on an earlier batch's programs:
+    `BatchPrograms`), the own batch it is estimated from counts without its compilation
+    (its first step); otherwise batches that ran on an earlier batch's programs are no
+    guide (they compiled nothing).
     """
     tpp = units[0].tokens_per_param
     timed = [(u.variant, {**sb, "compile_s": r.get("compile_s") or 0.0})
