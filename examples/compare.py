@@ -157,7 +157,7 @@ def run_study(
 
 SEED_NOISE_NOTE = (
     "caveat: one short run (one seed) cannot resolve a gap below ~1%: seed-to-seed noise is "
-    "of that size (see the end-to-end study in docs/BENCHMARKS.md)"
+    "of that size (docs/STUDY.md measures it over seeds)"
 )
 
 
