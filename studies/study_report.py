@@ -298,27 +298,40 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
     the run on; beside it, the mean of those within-seed ranges and the between-seed sd of
     the final gap. A narrow within-seed range next to a wide between-seed sd says the
     spread is between training trajectories, not evaluation noise: more validation data
-    would not narrow the interval, only more seeds or a less noisy training setup.
+    would not narrow the interval, only more seeds or a less noisy training setup. The
+    last column says when a seed's final gap is set: the correlation over seeds (from
+    `MIN_SEEDS_FOR_CORRELATION` seeds) of the gap at the evaluation nearest half the run
+    with the final gap; near 1, the spread is in place by half-way.
     """
     rows = []
     for v, curves in _paired_gap_curves(variants).items():
-        gaps = {}
+        gaps, halfway = {}, []
         for s, g in sorted(curves.items()):
             if g:
                 last = max(g)
                 gaps[s] = [gap for t, gap in g.items() if t >= from_fraction * last]
+                halfway.append(g[min(g, key=lambda t: abs(t - last / 2))])
         if len(gaps) < 2:
             continue
         bands = ", ".join(f"s{s} {_pct(min(g))} .. {_pct(max(g))}" for s, g in gaps.items())
         within = sum(max(g) - min(g) for g in gaps.values()) / len(gaps)
-        between = mean_interval([g[-1] for g in gaps.values()]).sd or 0.0
+        finals = [g[-1] for g in gaps.values()]
+        between = mean_interval(finals).sd or 0.0
+        corr = (f"{np.corrcoef(halfway, finals)[0, 1]:.2f}"
+                if len(finals) >= MIN_SEEDS_FOR_CORRELATION and between > 0 else "—")
         rows.append(f"| {v} (n={len(gaps)}) | {bands} | {within * 100:.2f} pp | "
-                    f"{between * 100:.2f} pp |")
+                    f"{between * 100:.2f} pp | {corr} |")
     if not rows:
         return ""
     head = (f"| variant | each seed's gap from {from_fraction:.0%} of the run on | "
-            "mean within-seed range | between-seed sd (final) |")
-    return "\n".join([head, "| --- | --- | --- | --- |", *rows])
+            "mean within-seed range | between-seed sd (final) | "
+            "correlation of the gap at half the run with the final gap |")
+    return "\n".join([head, "| --- | --- | --- | --- | --- |", *rows])
+
+
+MIN_SEEDS_FOR_CORRELATION = 5
+"""Seeds below which `gap_spread_sources` gives no correlation: with fewer its 95%
+interval spans most of [-1, 1]."""
 
 
 def _pct(x: float) -> str:
@@ -607,7 +620,8 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
             lines += ["Where that spread comes from: each seed's gap over its evaluations "
                       "from 75% of the run on against the spread between seeds (a seed that "
                       "holds its gap while seeds differ by more means trajectory noise, which "
-                      "more validation data would not reduce):", "", spread, ""]
+                      "more validation data would not reduce), and how much of a seed's final "
+                      "gap is already set half-way through its run:", "", spread, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")

@@ -447,7 +447,10 @@ def test_against_full_recipe_pairs_each_variant_with_the_paper_recipe_by_seed():
 def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spread():
     """Per seed, the min and max of its paired gap over the evaluations from 75% of the run
     on (earlier ones left out), the mean of those ranges, and the sd of the final gaps; a
-    variant with one paired seed has no row."""
+    variant with one paired seed has no row. The correlation of the gap half-way with the
+    final gap needs `MIN_SEEDS_FOR_CORRELATION` seeds: it reads the evaluation nearest
+    half the run (1 where the half-way gaps are the final ones shifted, -1 where they are
+    mirrored)."""
     spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
     late = {0: (0.010, 0.012), 1: (0.040, 0.039), 2: (0.020, 0.025)}  # gaps at steps 75, 100
 
@@ -466,8 +469,17 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
     bands = ", ".join(f"s{s} {min(g) * 100:+.2f}% .. {max(g) * 100:+.2f}%" for s, g in late.items())
     within = sum(max(g) - min(g) for g in late.values()) / 3
     between = study_report.mean_interval([g[1] for g in late.values()]).sd
-    assert row == (f"| paper (n=3) | {bands} | {within * 100:.2f} pp | {between * 100:.2f} pp |")
+    assert row == (f"| paper (n=3) | {bands} | {within * 100:.2f} pp | {between * 100:.2f} pp "
+                   "| — |")
     assert study_report.gap_spread_sources({"bf16": variants["bf16"]}) == ""
+    n = study_report.MIN_SEEDS_FOR_CORRELATION
+    finals = [0.01 * (s + 1) for s in range(n)]
+    for sign, want in ((1, "1.00"), (-1, "-1.00")):
+        many = {"bf16": {s: with_curve("bf16", s, [3.0, 2.5, 2.2, 2.0]) for s in range(n)},
+                "paper": {s: with_curve("paper", s, [3.3, 2.5 * (1 + 0.02 + sign * finals[s]),
+                                                     2.2, 2.0 * (1 + finals[s])])
+                          for s in range(n)}}
+        assert study_report.gap_spread_sources(many).splitlines()[2].endswith(f"| {want} |")
 
 
 def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_change_no_bit(
