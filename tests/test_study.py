@@ -659,7 +659,7 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
         pytest.approx(225.0 * 6 / 5 * margin))
     assert seed_batch.batch_wall_estimate(  # as many seeds as an own batch: as it took
         spec, tmp_path, six[:5]) == 285.0
-    assert seed_batch.batch_wall_estimate(  # a variant never timed: still its kind's slowest
+    assert seed_batch.batch_wall_estimate(  # BF16, nothing of its kind timed: no guide
         spec, tmp_path, [unit("bf16", s) for s in range(3)]) is None
 
 
