@@ -406,50 +406,44 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
              for u in spec.units() if u.tokens_per_param == tpp
              for r in [finished(results, u)] if r and r.get("seed_batch")
              for sb in [r["seed_batch"]] if compiled or not sb.get("reused_programs")]
-    diag = any(spec.run_config(u).diag_every for u in units)
-
-    def with_diag(wall: float, sampled: bool) -> float | None:
-        if not diag or sampled:
-            return wall
-        extra = diag_pause_estimate(spec, results, tpp)
-        return None if extra is None else wall + extra
-
+    n = len(units)
     mine = [sb for v, sb in timed if v == units[0].variant]
-    own = [sb for sb in mine if len(sb["seeds"]) >= len(units)]
+    own = [sb for sb in mine if len(sb["seeds"]) >= n]
     if own:
-        ref = own[-1]
-        return with_diag(ref["train_wall_s"] - (ref["compile_s"] if compiled else 0.0),
-                         ref.get("samples_diagnostics", False))
-    if mine:
-        ref = max(mine, key=lambda sb: len(sb["seeds"]))
-        wall = with_diag(scaled_to_seeds(ref, len(units), compiled=compiled),
-                         ref.get("samples_diagnostics", False))
-        return None if wall is None else wall * MORE_SEEDS_MARGIN
-    quantized = spec.variant(units[0].variant).quantized
-    timed = [(v, sb) for v, sb in timed if spec.variant(v).quantized == quantized]
-    alike = [sb for _, sb in timed if len(sb["seeds"]) == len(units)]
-    scaled = [(scaled_to_seeds(sb, len(units)), sb)
-              for sb in (alike or [sb for _, sb in timed])]
-    if not scaled:
-        return None
-    wall, sb = max(scaled, key=lambda x: x[0])
-    wall = with_diag(wall, sb.get("samples_diagnostics", False))
-    return None if wall is None else wall * UNTIMED_VARIANT_MARGIN
+        ref, margin = own[-1], 1.0
+    elif mine:
+        ref, margin = max(mine, key=lambda sb: len(sb["seeds"])), MORE_SEEDS_MARGIN
+    else:
+        quantized = spec.variant(units[0].variant).quantized
+        kind = [sb for v, sb in timed if spec.variant(v).quantized == quantized]
+        alike = [sb for sb in kind if len(sb["seeds"]) == n] or kind
+        if not alike:
+            return None
+        ref, margin = max(alike, key=lambda sb: scaled_to_seeds(sb, n)), UNTIMED_VARIANT_MARGIN
+    # Another variant's batch never ran on this batch's programs: its compilation counts.
+    wall = scaled_to_seeds(ref, n, compiled=compiled and bool(mine))
+    if any(spec.run_config(u).diag_every for u in units) and not ref.get(
+            "samples_diagnostics", False):
+        extra = diag_pause_estimate(spec, results, tpp)
+        if extra is None:
+            return None
+        wall += extra
+    return wall * margin
 
 
 def scaled_to_seeds(batch: dict, seeds: int, *, compiled: bool = False) -> float:
-    """A finished batch's wall time with its training and evaluations (all but the
-    compilation) scaled up linearly to ``seeds`` where it had fewer; without the
-    compilation where ``compiled``.
+    """A finished batch's wall time (its ``seed_batch`` record with the unit's
+    ``compile_s``) with its training and evaluations (all but the compilation) scaled up
+    linearly to ``seeds`` where it had fewer; without the compilation where ``compiled``.
 
     Linear is an upper bound on the H200: a seed's share of a batched step shrinks as
     seeds are added (pure_llama's paper recipe: 49.3 s per seed outside the compilation in
     batches of three, 45.4 s in batches of five), while the compilation hardly grows
     (49-51 s and 60 s).
     """
-    compile_s = batch.get("compile_s") or 0.0
-    rest = (batch["train_wall_s"] - compile_s) * max(1.0, seeds / len(batch["seeds"]))
-    return rest + (0.0 if compiled else compile_s)
+    rest = batch["train_wall_s"] - batch["compile_s"]
+    scale = max(1.0, seeds / len(batch["seeds"]))
+    return rest * scale if compiled else batch["train_wall_s"] + rest * (scale - 1.0)
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
