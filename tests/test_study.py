@@ -570,6 +570,19 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
                                   tmp_path / "c", corpus)
 
 
+def _write_fake_batch(results, spec, variant, seeds, wall, *, compile_s=None, **fields):
+    """Result files of a finished seed batch of ``seeds`` (Python, 10 tokens/param) whose
+    ``seed_batch`` record holds ``wall`` and ``fields``, each unit ``compile_s`` if given
+    (a test fixture, not a result)."""
+    for s in seeds:
+        r = _fake_result(spec, variant, s, 1.0)
+        if compile_s is not None:
+            r["compile_s"] = compile_s
+        r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, **fields}
+        unit_runs.write_json(unit_runs.result_path(
+            results, study_specs.Unit("python", 10.0, variant, s)), r)
+
+
 def test_batch_plan_groups_a_variants_unfinished_seeds():
     """Seeds of one (length, variant, corpus) in batches of the given size; a lone
     leftover is not batched; sizes below two are refused."""
@@ -599,11 +612,7 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
                                custom_variants=())
 
     def batch(variant, seeds, wall):
-        for s in seeds:
-            r = _fake_result(spec, variant, s, 1.0)
-            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall}
-            unit_runs.write_json(unit_runs.result_path(tmp_path, study_specs.Unit(
-                "python", 10.0, variant, s)), r)
+        _write_fake_batch(tmp_path, spec, variant, seeds, wall)
 
     def units(variant, seeds):
         return [study_specs.Unit("python", 10.0, variant, s) for s in seeds]
@@ -642,11 +651,8 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
     unit = lambda v, s: study_specs.Unit("python", 10.0, v, s)  # noqa: E731
 
     def batch(variant, seeds, wall, compile_s):
-        for s in seeds:
-            r = _fake_result(spec, variant, s, 1.0)
-            r["compile_s"] = compile_s
-            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, "paused_s": 5.0}
-            unit_runs.write_json(unit_runs.result_path(tmp_path, unit(variant, s)), r)
+        _write_fake_batch(tmp_path, spec, variant, seeds, wall, compile_s=compile_s,
+                          paused_s=5.0)
 
     batch("four_over_six", (0, 1, 2), 330.0, 100.0)
     batch("paper", (0, 1, 2), 200.0, 50.0)
@@ -722,12 +728,8 @@ def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_p
     unit = lambda s: study_specs.Unit("python", 10.0, "paper", s)  # noqa: E731
 
     def write(seeds, wall, compile_s, reused):
-        for s in seeds:
-            r = _fake_result(spec, "paper", s, 1.0)
-            r["compile_s"] = compile_s
-            r["seed_batch"] = {"seeds": list(seeds), "train_wall_s": wall, "paused_s": 5.0,
-                               "reused_programs": reused}
-            unit_runs.write_json(unit_runs.result_path(tmp_path, unit(s)), r)
+        _write_fake_batch(tmp_path, spec, "paper", seeds, wall, compile_s=compile_s,
+                          paused_s=5.0, reused_programs=reused)
 
     write((0, 1, 2), 200.0, 50.0, False)
     batch = [unit(s) for s in (6, 7, 8)]
