@@ -384,22 +384,22 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
     recorded wall times (compilation included), or None when none of its length and kind
     (BF16 or NVFP4) ran.
 
-    The last batch of the same variant and length with as many seeds or more; failing
-    that, its largest batch of fewer seeds scaled up (`scaled_to_seeds`) times
-    `MORE_SEEDS_MARGIN`; failing that, times `UNTIMED_VARIANT_MARGIN`, the slowest batch
-    of the same length and seed count, or where none has that seed count, the slowest
-    batch of the length, scaled up where it had fewer seeds (a batch of more seeds
-    bounds it from above: the compilation and evaluations do not shrink with the seed
-    count). An NVFP4 variant is estimated from NVFP4 batches only: with none of its
-    length timed it gets None, like the study's first batch of a length. A BF16 batch is
-    no guide to it: the quantization passes' share of a step differs by model (the noise
-    pilot's 3-seed batches on the H200: 121 s BF16, 203 s the paper recipe, 1.68×, where
-    1.25× would have started a batch that could not finish). A batch that samples
-    diagnostics, estimated from one that did not, adds `diag_pause_estimate` (None where
-    that is unknown). Where ``compiled`` (the batch runs on an earlier batch's programs:
-    `BatchPrograms`), the own batch it is estimated from counts without its compilation
-    (its first step); otherwise batches that ran on an earlier batch's programs are no
-    guide (they compiled nothing).
+    The last batch of the same variant and length with the fewest seeds of those with as
+    many seeds or more; failing that, its largest batch of fewer seeds scaled up
+    (`scaled_to_seeds`) times `MORE_SEEDS_MARGIN`; failing that, times
+    `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed count, or where
+    none has that seed count, the slowest batch of the length, scaled up where it had fewer
+    seeds (a batch of more seeds bounds it from above: the compilation and evaluations do
+    not shrink with the seed count). An NVFP4 variant is estimated from NVFP4 batches only:
+    with none of its length timed it gets None, like the study's first batch of a length. A
+    BF16 batch is no guide to it: the quantization passes' share of a step differs by model
+    (the noise pilot's 3-seed batches on the H200: 121 s BF16, 203 s the paper recipe,
+    1.68×, where 1.25× would have started a batch that could not finish). A batch that
+    samples diagnostics, estimated from one that did not, adds `diag_pause_estimate` (None
+    where that is unknown). Where ``compiled`` (the batch runs on an earlier batch's
+    programs: `BatchPrograms`), the own batch it is estimated from counts without its
+    compilation (its first step); otherwise batches that ran on an earlier batch's programs
+    are no guide (they compiled nothing).
     """
     tpp = units[0].tokens_per_param
     timed = [(u.variant, {**sb, "compile_s": r.get("compile_s") or 0.0})
@@ -410,7 +410,10 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
     mine = [sb for v, sb in timed if v == units[0].variant]
     own = [sb for sb in mine if len(sb["seeds"]) >= n]
     if own:
-        ref, margin = own[-1], 1.0
+        # The closest size bounds it tightest: a larger batch's time would skip batches
+        # that fit (pure_llama's paper recipe: 302 s for six seeds, 184 s for three).
+        fewest = min(len(sb["seeds"]) for sb in own)
+        ref, margin = [sb for sb in own if len(sb["seeds"]) == fewest][-1], 1.0
     elif mine:
         ref, margin = max(mine, key=lambda sb: len(sb["seeds"])), MORE_SEEDS_MARGIN
     else:

@@ -642,7 +642,8 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
     largest own batch with all but the compilation scaled to the seed count, times
     `MORE_SEEDS_MARGIN`: an own batch, not the slowest of its kind (a slower variant's
     time is no guide where its own is known), and the compilation counted once; without
-    it where the batch runs on compiled programs."""
+    it where the batch runs on compiled programs. A batch of fewer seeds takes the own
+    batch of the closest larger or equal size."""
     import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=tuple(range(12)), tokens_per_param=(10.0,),
@@ -665,6 +666,8 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
         pytest.approx(225.0 * 6 / 5 * margin))
     assert seed_batch.batch_wall_estimate(  # as many seeds as an own batch: as it took
         spec, tmp_path, six[:5]) == 285.0
+    assert seed_batch.batch_wall_estimate(  # fewer: the closest own size, not the last
+        spec, tmp_path, six[:3]) == 200.0
     assert seed_batch.batch_wall_estimate(  # BF16, nothing of its kind timed: no guide
         spec, tmp_path, [unit("bf16", s) for s in range(3)]) is None
 
