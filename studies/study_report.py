@@ -186,10 +186,33 @@ FULL_RECIPE = "paper"
 each ablation should be worse than the full recipe)."""
 
 
+def alike_through(a: dict, b: dict) -> int | None:
+    """The last evaluation step through which two runs' validation values are equal, bit
+    for bit, from the first evaluation on; None where they differ at the first.
+
+    Two variants that differ only after a late switch (the BF16-forward tail) train alike
+    until it where they ran on the same compiled kernels; their difference is then the
+    tail's alone, free of trajectory noise.
+
+    Example:
+        >>> run = lambda *vals: {"val_curve": [[i, 0, v] for i, v in enumerate(vals, 1)]}
+        >>> alike_through(run(2.0, 1.5, 1.2), run(2.0, 1.5, 1.1))
+        2
+    """
+    step = None
+    for (s, _, x), (_, _, y) in zip(a["val_curve"], b["val_curve"]):
+        if x != y:
+            break
+        step = s
+    return step
+
+
 def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
     """Each NVFP4 variant's validation loss relative to `FULL_RECIPE`'s on the same seeds:
-    mean, 95% interval and the verdict the interval allows (a markdown table; empty when
-    no variant other than BF16 and the full recipe shares two seeds with it).
+    mean, 95% interval, the verdict the interval allows, and the evaluation step through
+    which all the shared seeds' runs equal the full recipe's (`alike_through`) (a markdown
+    table; empty when no variant other than BF16 and the full recipe shares two seeds
+    with it).
 
     Pairing with the full recipe on shared seeds, rather than comparing two gaps to BF16
     averaged over different seed sets, keeps the seed set from deciding the comparison
@@ -204,12 +227,15 @@ def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus:
         verdict = ("worse than the full recipe" if lo > 0 else
                    "better than the full recipe" if hi < 0 else "not resolved")
         seeds = ",".join(str(s) for s in by_seed)
-        rows.append(f"| {v} | {seeds} | {_pct(iv.mean)} | {_interval_text(iv)} | {verdict} |")
+        alike = [alike_through(variants[v][s], variants[FULL_RECIPE][s]) for s in by_seed]
+        through = "—" if None in alike else f"step {min(alike)}"
+        rows.append(f"| {v} | {seeds} | {_pct(iv.mean)} | {_interval_text(iv)} | {verdict} "
+                    f"| {through} |")
     if not rows:
         return ""
     head = (f"| variant | seeds shared with {FULL_RECIPE} | val / val_{FULL_RECIPE} - 1 "
-            "(mean) | 95% interval | verdict |")
-    return "\n".join([head, "| --- | --- | --- | --- | --- |", *rows])
+            f"(mean) | 95% interval | verdict | equal to {FULL_RECIPE} through |")
+    return "\n".join([head, "| --- | --- | --- | --- | --- | --- |", *rows])
 
 
 def seeds_for_half_width(sd: float, target: float) -> int:
@@ -608,7 +634,15 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
         against = against_full_recipe(spec, variants, corpus)
         if against:
             lines += [f"Each variant against the full recipe (`{FULL_RECIPE}`), paired by "
-                      "seed (negative: lower validation loss than the full recipe):", "",
+                      "seed (negative: lower validation loss than the full recipe). The "
+                      "last column is the evaluation through which every shared seed's "
+                      "validation values equal the full recipe's bit for bit: a variant "
+                      "with a late switch differs from it by the switch alone only where "
+                      "that reaches the switch. On the H200, variants run in different "
+                      "sessions part early even where the code that trains them is "
+                      "unchanged (a CPU repeats them bit for bit); the likely cause is "
+                      "XLA's GEMM autotuning, timed anew in each process, which may pick "
+                      "kernels that order their sums differently:", "",
                       against, ""]
         along = gap_along_training(variants)
         if along:
