@@ -186,8 +186,9 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
       ``records`` (`train_llama.train`'s ``metrics.jsonl`` records: training metrics
       every ``log_every`` steps, validation every ``eval_every``, diagnostics every
       ``diag_every`` for `SeedBatch.diag_indices`), and the shared
-      ``step_time_s`` (after the first step), ``first_step_s``, ``paused_s``,
-      ``train_wall_s`` and ``final_mode``.
+      ``step_time_s`` (after the first step, without the first step in a later
+      precision mode: `train_llama.ModeSwitches`), ``first_step_s``, ``paused_s``,
+      ``mode_switch_s``, ``train_wall_s`` and ``final_mode``.
     """
     trainer, cfg = batch.trainer, batch.trainer.cfg
     trainer.set_total_steps(steps)  # the seeds' trainers share this compiled step
@@ -199,6 +200,7 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     pending: list[tuple[int, dict]] = []
     in_flight: collections.deque = collections.deque()
     paused, t_warm = 0.0, None
+    switches = tl.ModeSwitches()
 
     def flush() -> None:
         for done, metrics in jax.device_get(pending):
@@ -212,7 +214,9 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     try:
         for i, stacked in feed:
             mode = trainer.step.mode(i)
+            t_switch = switches.begin(mode, state.params)
             state, metrics = step_fn(state, stacked, mode=mode)
+            switches.end(t_switch, state.params)
             done = i + 1
             if i == 0:
                 jax.block_until_ready(state.params)
@@ -253,8 +257,9 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
         "final_state": state, "final_val_bpb": [float(v) for v in final], "records": records,
         "final_mode": final_mode, "paused_s": paused, "train_wall_s": t_end - t_start,
         "first_step_s": t_warm - t_start if t_warm else None,
-        "step_time_s": (t_end - t_warm - paused) / (steps - 1) if t_warm and steps > 1
+        "step_time_s": switches.step_time(t_end - t_warm - paused, steps - 1) if t_warm
         else None,
+        "mode_switch_s": switches.seconds,
     }
 
 
@@ -309,10 +314,12 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
                    "step_time_s": out["step_time_s"] and out["step_time_s"] * share,
                    "first_step_s": out["first_step_s"],
                    "train_wall_s": out["train_wall_s"] * share,
-                   "paused_s": out["paused_s"] * share, "environment": env}
+                   "paused_s": out["paused_s"] * share,
+                   "mode_switch_s": out["mode_switch_s"] * share, "environment": env}
         extra: dict[str, Any] = {"seed_batch": {
             "seeds": list(batch.seeds), "index": s, "step_time_s": out["step_time_s"],
             "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"],
+            "mode_switch_s": out["mode_switch_s"],
             "samples_diagnostics": bool(batch.diag_indices),
             "reused_programs": batch.reused_programs}}
         if extra_bf16 is not None:

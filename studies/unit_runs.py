@@ -158,7 +158,8 @@ def run_unit(
     segments.append({
         "from": first, "to": summary["steps"], "step_time_s": summary["step_time_s"],
         "first_step_s": summary["first_step_s"], "train_wall_s": summary["train_wall_s"],
-        "paused_s": summary["paused_s"], "environment": environment(command),
+        "paused_s": summary["paused_s"], "mode_switch_s": summary["mode_switch_s"],
+        "environment": environment(command),
     })
     write_json(seg_path, segments)
     if summary["steps"] < steps:

@@ -314,6 +314,25 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     assert "| " not in empty_section  # no table, no number from nowhere
 
 
+def test_gap_table_marks_a_tail_variants_step_time_that_holds_the_switchs_compilation():
+    """A BF16-forward-tail variant's ms/step is marked where its runs did not time the
+    tail's first step apart (results from before `train_llama.ModeSwitches`), and not
+    where they did; a variant without the tail is never marked."""
+    spec = study_specs.STUDIES["pure_llama"]
+    runs = {v: {s: _fake_result(spec, v, s, 1.0 + s / 100) for s in (0, 1)}
+            for v in ("bf16", "paper", "paper_tail")}
+
+    def row(variants, name):
+        table = study_report.gap_table(spec, variants, "python")
+        return next(ln for ln in table.splitlines() if ln.startswith(f"| {name} |"))
+
+    assert "with the tail's compilation" in row(runs, "paper_tail")
+    assert "with the tail's compilation" not in row(runs, "paper")
+    for r in runs["paper_tail"].values():
+        r["segments"][0]["mode_switch_s"] = 30.0
+    assert "with the tail's compilation" not in row(runs, "paper_tail")
+
+
 def _py(body_doc, extra=""):
     licence = "# Copyright the authors.\n# Licensed under the same licence as everything.\n"
     return f'{licence}"""{body_doc}"""\n\nimport os\n\n\ndef f(x):\n{extra}    return x\n'
@@ -577,6 +596,23 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     with pytest.raises(ValueError, match="differ only in their seed"):
         seed_batch.run_seed_batch(spec, [units[0], study_specs.Unit("python", 0.003, "bf16", 1)],
                                   tmp_path / "c", corpus)
+
+
+def test_a_seed_batchs_switch_to_the_bf16_forward_tail_is_timed_apart_from_its_steps(
+        tmp_path):
+    """A batch of a variant with the BF16-forward tail compiles the tail's step at its
+    first tail step: that step's time is the batch's ``mode_switch_s`` (each unit's
+    segment a share), not spread over its ``step_time_s``."""
+    import seed_batch  # noqa: PLC0415
+
+    tail = dataclasses.replace(DOWN_ONLY, name="down_tail", bf16_forward_tail=0.5)
+    spec = dataclasses.replace(TINY, seeds=(0, 1), variants=("bf16", "down_tail"),
+                               custom_variants=(tail,))
+    units = [study_specs.Unit("python", 0.003, "down_tail", s) for s in (0, 1)]
+    results = seed_batch.run_seed_batch(spec, units, tmp_path, _corpus())
+    sb = results[0]["seed_batch"]
+    assert sb["mode_switch_s"] > 10 * sb["step_time_s"] > 0
+    assert results[0]["segments"][0]["mode_switch_s"] == pytest.approx(sb["mode_switch_s"] / 2)
 
 
 def _write_fake_batch(results, spec, variant, seeds, wall, *, compile_s=None, **fields):

@@ -127,3 +127,19 @@ def test_training_loop_that_fails_mid_run_leaves_no_prefetch_thread(setup):
     with pytest.raises(OSError, match="disk gone"):
         train_llama.train(trainer, failing, val, steps=STEPS, progress=False)
     assert not _prefetch_threads()
+
+
+def test_the_first_step_in_a_later_precision_mode_is_timed_apart_from_the_steps(tmp_path):
+    """The first step of the BF16-forward tail compiles the tail's program: its time is
+    ``mode_switch_s``, not spread over ``step_time_s`` (a tiny step takes milliseconds,
+    a compilation far longer)."""
+    tokens = np.random.default_rng(0).integers(0, 256, 4000).astype(np.uint8)
+    batches = data.Batches(tokens, batch=2, seq=16, seed=0)
+    val = data.validation_batches(tokens, batch=2, seq=16, max_batches=1)
+    cfg = train_llama.RunConfig(recipe="nvfp4", batch=2, seq=16, log_every=1, eval_every=0,
+                                eval_batches=1, eval_bf16_forward=False, bf16_forward_tail=0.5,
+                                keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
+    trainer = train_llama.Trainer(LlamaConfig(dim=32, layers=1, heads=2), cfg, 8)
+    summary = train_llama.train(trainer, batches, val, steps=8, progress=False)
+    assert summary["compilations"] == 2  # the recipe's step and the tail's
+    assert summary["mode_switch_s"] > 10 * summary["step_time_s"] > 0
