@@ -443,15 +443,16 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
 
 def scaled_to_seeds(batch: dict, seeds: int, *, compiled: bool = False) -> float:
     """A finished batch's wall time (its ``seed_batch`` record with the unit's
-    ``compile_s``) with its training and evaluations (all but the compilation) scaled up
-    linearly to ``seeds`` where it had fewer; without the compilation where ``compiled``.
+    ``compile_s``) with its training and evaluations (all but the compilations: the first
+    step's and a precision switch's, ``mode_switch_s``) scaled up linearly to ``seeds``
+    where it had fewer; without the compilations where ``compiled``.
 
     Linear is an upper bound on the H200: a seed's share of a batched step shrinks as
     seeds are added (pure_llama's paper recipe: 49.3 s per seed outside the compilation in
     batches of three, 45.4 s in batches of five), while the compilation hardly grows
     (49-51 s and 60 s).
     """
-    rest = batch["train_wall_s"] - batch["compile_s"]
+    rest = batch["train_wall_s"] - batch["compile_s"] - batch.get("mode_switch_s", 0.0)
     scale = max(1.0, seeds / len(batch["seeds"]))
     return rest * scale if compiled else batch["train_wall_s"] + rest * (scale - 1.0)
 

@@ -717,6 +717,21 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
         spec, tmp_path, [unit("bf16", s) for s in range(3)]) is None
 
 
+def test_scaling_a_batch_to_more_seeds_leaves_its_compilations_unscaled():
+    """Only the training and evaluations grow with the seed count: the first step's
+    compilation and the tail's (``mode_switch_s``) count once, and not at all on
+    compiled programs; a batch without a tail (no ``mode_switch_s``) scales as before."""
+    import seed_batch  # noqa: PLC0415
+
+    tail = {"seeds": [0, 1, 2], "train_wall_s": 300.0, "compile_s": 50.0,
+            "mode_switch_s": 40.0}
+    assert seed_batch.scaled_to_seeds(tail, 6) == 300.0 + 210.0
+    assert seed_batch.scaled_to_seeds(tail, 6, compiled=True) == 420.0
+    assert seed_batch.scaled_to_seeds(tail, 3) == 300.0
+    plain = {"seeds": [0, 1, 2], "train_wall_s": 300.0, "compile_s": 50.0}
+    assert seed_batch.scaled_to_seeds(plain, 6) == 550.0
+
+
 def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path):
     """A batch with a seed that samples diagnostics, estimated from a batch that sampled
     none, adds the longest pause of a finished unit of its length that sampled them; with
