@@ -73,6 +73,7 @@ host's work between steps, few enough that a deadline is kept within a few steps
 PREFETCH = 2
 """Batches the input pipeline keeps ready on the device (double buffering)."""
 
+
 @dataclasses.dataclass
 class ModeSwitches:
     """Times the first step in each precision mode after a loop's first apart from the

@@ -191,8 +191,8 @@ def alike_through(a: dict, b: dict) -> int | None:
     for bit, from the first evaluation on; None where they differ at the first.
 
     Two variants that differ only after a late switch (the BF16-forward tail) train alike
-    until it where they ran on the same compiled kernels; their difference is then the
-    tail's alone, free of trajectory noise.
+    up to the switch when they run on the same compiled kernels; their difference is then
+    the tail's alone, free of trajectory noise.
 
     Example:
         >>> run = lambda *vals: {"val_curve": [[i, 0, v] for i, v in enumerate(vals, 1)]}
