@@ -8,6 +8,15 @@
 # and run the next call on the state the unpacked results leave (a batch that finished
 # is not run again; one that was skipped runs in a later call).
 #
+# Each call also brings back the kernels XLA's autotuner picked, per process
+# ($OUT/autotune/N-pure_llama.textproto.gz). Calls 1 and 2 both compile the BF16 batch of
+# six on Python (call 1's second process, call 2's first): whether the two picked the
+# same kernels for the same programs says whether autotuning is why runs of one seed
+# part between sessions (docs/STUDY.md), on one machine; commit the files with the
+# calls' record, so that a later session on another machine compares its own with them:
+#   python benchmarks/autotune_picks.py CALL1/autotune/2-pure_llama.textproto.gz \
+#     CALL2/autotune/1-pure_llama.textproto.gz
+#
 # Budgets sit just under the tool's 600 s limit: the study keeps 30 s of its budget in
 # reserve (`--reserve-s`) and ~2 s go to its start, so a budget of 580 left a batch
 # estimated at 558 s unstarted in the sixteenth session.

@@ -8,7 +8,9 @@
 # file); MIN: a batch that nothing timed yet (the first of its length and kind, BF16 or
 # NVFP4) starts only with MIN seconds left; without MIN, only as the first study's first.
 # Each study gets what the ones before it left of BUDGET seconds (skipped under 60 s) and
-# hands its results off into $OUT/STUDY, without compilation-cache entries.
+# hands its results off into $OUT/STUDY, without compilation-cache entries. Each process
+# writes the kernels XLA's autotuner picked to $OUT/autotune/N-STUDY.textproto.gz
+# (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls.
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 BUDGET=${1:?budget in seconds}; shift
@@ -24,11 +26,16 @@ for ARG in "$@"; do
   N=$((N + 1))
   LEFT=$((BUDGET - (SECONDS - T0)))
   if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
+  PICKS="$OUT/autotune/$N-$STUDY.textproto"
+  mkdir -p "$OUT/autotune"
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_dump_autotune_results_to=$PICKS" \
   timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \
     "${UNESTIMATED[@]}" \
     > "/tmp/study-$STUDY.log" 2>&1
-  echo "== $STUDY: rc=$?, $((SECONDS - T0)) s into the call"
+  RC=$?
+  if [ -f "$PICKS" ]; then gzip -f "$PICKS"; fi
+  echo "== $STUDY: rc=$RC, $((SECONDS - T0)) s into the call"
   tail -c $((10000 / $#)) "/tmp/study-$STUDY.log"
 done

@@ -23,8 +23,10 @@ def _run(tmp_path, *args):
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.txt"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
+    flags = shlex.quote(str(tmp_path / "xla_flags.txt"))
     fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {shlex.quote(str(log))}\n'
-                    f'echo >> {shlex.quote(str(log))}\necho "ran $2"\n')
+                    f'echo >> {shlex.quote(str(log))}\necho "$XLA_FLAGS" >> {flags}\n'
+                    f'echo "ran $2"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     proc = subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True,
@@ -65,3 +67,27 @@ def test_a_batch_size_below_two_is_refused(tmp_path, k):
     carry: the script exits 2 naming the study, before running anything."""
     rc, out, calls = _run(tmp_path, "540", f"hybrid:bf16::0,1:{k}")
     assert rc == 2 and "hybrid: K must be >= 2" in out and calls == []
+
+
+def test_each_study_process_dumps_its_autotuning_picks_to_a_file_of_its_own(tmp_path):
+    """Each process gets --xla_gpu_dump_autotune_results_to a file under $OUT/autotune
+    named by the argument's place and study (so two processes of one study do not
+    overwrite each other), after any XLA_FLAGS already set; a written file is gzipped."""
+    rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16")
+    assert rc == 0, out
+    assert len(calls) == 2
+    flags = (tmp_path / "xla_flags.txt").read_text().splitlines()
+    picks = [str(tmp_path / "out" / "autotune" / f"{n}-pure_llama.textproto") for n in (1, 2)]
+    before = os.environ.get("XLA_FLAGS", "")  # the suite's own CPU flags, if any
+    assert flags == [f"{before + ' ' if before else ''}--xla_gpu_dump_autotune_results_to={p}"
+                     for p in picks]
+    bin_dir = tmp_path / "bin"  # a python3 that writes the file, as XLA would
+    (bin_dir / "python3").write_text(
+        '#!/usr/bin/env bash\nf="${XLA_FLAGS##*dump_autotune_results_to=}"; '
+        'echo "version: 3" > "$f"\n')
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true")
+    subprocess.run(["bash", SCRIPT, "540", "pure_llama:paper"], env=env, check=True,
+                   capture_output=True, cwd=REPO, timeout=60)
+    assert (tmp_path / "out" / "autotune" / "1-pure_llama.textproto.gz").exists()
+    assert not (tmp_path / "out" / "autotune" / "1-pure_llama.textproto").exists()
