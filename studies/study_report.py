@@ -7,204 +7,33 @@ byte) over seeds, and the relative gap to BF16 **paired by seed** (same seed = s
 initialization, data order and SR keys): ``gap_s = val_s / val_bf16_s - 1``, its mean and
 a 95% Student-t interval over the seeds (`mean_interval`). An interval wider than
 ±`WIDE_PP` percentage points is flagged: the runs are too few or too short to resolve
-the gap. Figures (matplotlib, PNG): validation curves with seed bands and the gap to
+the gap. Figures (`study_figures`): validation curves with seed bands and the gap to
 BF16 along training; gap bars with their intervals; quantization diagnostics along
-training. Every number in the document is read from the results; with none, the
-document says so.
+training. Every number in the document is read from the results (`study_results`);
+with none, the document says so.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-T_975 = {
-    1: 12.706204736, 2: 4.30265273, 3: 3.182446305, 4: 2.776445105, 5: 2.570581836,
-    6: 2.446911851, 7: 2.364624252, 8: 2.306004135, 9: 2.262157163, 10: 2.228138852,
-    11: 2.20098516, 12: 2.17881283, 13: 2.160368656, 14: 2.144786688, 15: 2.131449546,
-    16: 2.119905299, 17: 2.109815578, 18: 2.10092204, 19: 2.093024054, 20: 2.085963447,
-    21: 2.079613845, 22: 2.073873068, 23: 2.06865761, 24: 2.063898562, 25: 2.059538553,
-    26: 2.055529439, 27: 2.051830516, 28: 2.048407142, 29: 2.045229642, 30: 2.042272456,
-}
-"""Two-sided 95% quantiles of Student's t (the 0.975 quantile) by degrees of freedom."""
-
-Z_975 = 1.959963985
-"""The 0.975 quantile of the standard normal distribution."""
-
-WIDE_PP = 0.3
-"""An interval half-width above this many percentage points is too wide (issue 12)."""
-
-BASELINE = "bf16"
-
-
-def t_critical(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom.
-
-    `T_975` up to 30; above, the normal quantile with the first two Cornish-Fisher terms,
-    ``z + (z³ + z) / (4 df) + (5z⁵ + 16z³ + 3z) / (96 df²)`` (within 1e-4 of the exact
-    quantile from 31 degrees of freedom on: the study's seed batches reach tens of seeds).
-
-    Example:
-      >>> t_critical(2)
-      4.30265273
-      >>> round(t_critical(47), 4)
-      2.0117
-    """
-    if not isinstance(df, int) or df < 1:
-        raise ValueError(f"degrees of freedom must be an int >= 1 (seeds - 1), got {df!r}")
-    if df in T_975:
-        return T_975[df]
-    z = Z_975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """Mean of ``n`` values with the half-width of its 95% t-interval (None for n < 2)."""
-
-    mean: float
-    half_width: float | None
-    n: int
-    sd: float | None
-
-    @property
-    def wide(self) -> bool:
-        """Wider than ±`WIDE_PP` percentage points (for relative gaps), or unknown."""
-        return self.half_width is None or self.half_width * 100 > WIDE_PP
-
-
-def mean_interval(values: Sequence[float]) -> Interval:
-    """Mean and 95% Student-t interval half-width ``t(0.975, n-1) · sd / √n``.
-
-    Example:
-      >>> iv = mean_interval([1.0, 2.0, 3.0])
-      >>> iv.mean, round(iv.half_width, 6)
-      (2.0, 2.484138)
-    """
-    x = np.asarray(values, np.float64)
-    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
-        raise ValueError(f"need one or more finite values, got {values!r}")
-    if x.size == 1:
-        return Interval(float(x[0]), None, 1, None)
-    sd = float(np.std(x, ddof=1))
-    return Interval(float(np.mean(x)), t_critical(x.size - 1) * sd / math.sqrt(x.size),
-                    int(x.size), sd)
-
-
-def difference_interval(first: Sequence[float], second: Sequence[float]) -> Interval:
-    """``mean(second) - mean(first)`` of two independent samples, with a 95% Welch interval.
-
-    The half-width is ``t(0.975, ⌊ν⌋) · √(s₁²/n₁ + s₂²/n₂)`` with the Welch-Satterthwaite
-    ``ν`` rounded down (a slightly wider, conservative interval). It compares runs that
-    share no trajectory, e.g. one recipe's gaps at two run lengths: the same seed trains
-    under a different schedule there, so pairing by seed has no basis. ``n`` is the
-    smaller sample's size and ``sd`` is None.
-
-    Example:
-      >>> iv = difference_interval([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
-      >>> iv.mean, round(iv.half_width, 4)  # ν = 4: t = 2.7764, √(1/3 + 1/3)
-      (2.0, 2.267)
-    """
-    a, b = (np.asarray(x, np.float64) for x in (first, second))
-    for name, x in (("first", a), ("second", b)):
-        if x.ndim != 1 or x.size < 2 or not np.all(np.isfinite(x)):
-            raise ValueError(f"{name}: need two or more finite values, got {x.tolist()!r}")
-    va, vb = np.var(a, ddof=1) / a.size, np.var(b, ddof=1) / b.size
-    mean = float(np.mean(b) - np.mean(a))
-    if va + vb == 0.0:
-        return Interval(mean, 0.0, int(min(a.size, b.size)), None)
-    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    # Rounded down, but not a whole degree below an integer ν that rounding error
-    # put a hair under it (equal variances and sizes give ν = 2(n-1) exactly).
-    df = math.floor(df + 1e-9)
-    return Interval(mean, t_critical(max(1, df)) * math.sqrt(va + vb),
-                    int(min(a.size, b.size)), None)
-
-
-def length_growth(groups: dict[Group, dict[str, dict[int, dict]]], corpus: str, variant: str,
-                  short: float, long: float
-                  ) -> tuple[dict[float, list[float]], Interval | None]:
-    """A variant's paired gaps by run length on ``corpus`` (``groups``: `by_group`), and
-    the gap at ``long`` minus the gap at ``short`` (`difference_interval`), None with
-    fewer than two seeds at either length."""
-    by_length = {}
-    for (c, t), variants in groups.items():
-        g = paired_gaps(variants).get(variant) if c == corpus else None
-        if g:
-            by_length[t] = list(g.values())
-    if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) < 2:
-        return by_length, None
-    return by_length, difference_interval(by_length[short], by_length[long])
-
-
-def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
-    """The finished units' JSON of a study, in the study's unit order."""
-    out = []
-    for unit in spec.units():
-        p = Path(results) / f"{unit.name}.json"
-        if p.exists():
-            out.append(json.loads(p.read_text()))
-    return out
-
-
-Group = tuple[str, float]
-"""(corpus, planned tokens per parameter)."""
-
-
-def by_group(results: list[dict[str, Any]]) -> dict[Group, dict[str, dict[int, dict]]]:
-    """``{(corpus, tokens/param): {variant: {seed: result}}}``."""
-    out: dict[Group, dict[str, dict[int, dict]]] = {}
-    for r in results:
-        g = (r["corpus"], r["tokens_per_param_planned"])
-        out.setdefault(g, {}).setdefault(r["variant"], {})[r["seed"]] = r
-    return out
-
-
-def _finite_val(r: dict[str, Any]) -> bool:
-    v = r.get("final_val_bpb")
-    return v is not None and math.isfinite(v)
-
-
-def paired_gaps(variants: dict[str, dict[int, dict]], baseline: str = BASELINE
-                ) -> dict[str, dict[int, float]]:
-    """``{variant: {seed: val / val_baseline - 1}}`` over the seeds both have finished with
-    a finite validation loss (a diverged run is reported apart, `divergence_lines`)."""
-    base = {s: r for s, r in variants.get(baseline, {}).items() if _finite_val(r)}
-    return {v: {s: r["final_val_bpb"] / base[s]["final_val_bpb"] - 1.0
-                for s, r in sorted(runs.items()) if s in base and _finite_val(r)}
-            for v, runs in variants.items() if v != baseline}
-
-
-FULL_RECIPE = "paper"
-"""The variant the ablations and the proposed improvements are read against (issue 12:
-each ablation should be worse than the full recipe)."""
-
-
-def alike_through(a: dict, b: dict) -> int | None:
-    """The last evaluation step through which two runs' validation values are equal, bit
-    for bit, from the first evaluation on; None where they differ at the first.
-
-    Two variants that differ only after a late switch (the BF16-forward tail) train alike
-    up to the switch when they run on the same compiled kernels; their difference is then
-    the tail's alone, free of trajectory noise.
-
-    Example:
-        >>> run = lambda *vals: {"val_curve": [[i, 0, v] for i, v in enumerate(vals, 1)]}
-        >>> alike_through(run(2.0, 1.5, 1.2), run(2.0, 1.5, 1.1))
-        2
-    """
-    step = None
-    for (s, _, x), (_, _, y) in zip(a["val_curve"], b["val_curve"]):
-        if x != y:
-            break
-        step = s
-    return step
+from study_figures import curves_figure, gaps_figure, health_figure
+from study_results import (
+    BASELINE,
+    FULL_RECIPE,
+    Group,
+    alike_through,
+    by_group,
+    finite_val,
+    length_growth,
+    load_results,
+    paired_gaps,
+    val_at,
+)
+from study_stats import WIDE_PP, Interval, mean_interval, seeds_for_half_width
 
 
 def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
@@ -238,43 +67,19 @@ def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus:
     return "\n".join([head, "| --- | --- | --- | --- | --- | --- |", *rows])
 
 
-def seeds_for_half_width(sd: float, target: float) -> int:
-    """The fewest seeds whose 95% t-interval of the mean has half-width <= ``target``
-    when the per-seed values have standard deviation ``sd``.
-
-    The t quantiles are `t_critical`'s.
-
-    Example:
-      >>> seeds_for_half_width(0.010, 0.003)
-      46
-    """
-    if not (sd >= 0 and target > 0):
-        raise ValueError(f"need sd >= 0 and target > 0, got sd={sd!r}, target={target!r}")
-    n = 2
-    while t_critical(n - 1) * sd / math.sqrt(n) > target:
-        n += 1
-    return n
-
-
-def _val_at(r: dict[str, Any]) -> dict[int, float]:
-    """``{step: validation bpb}`` of a unit's curve (rows ``[step, tokens, bpb]``)."""
-    return {int(row[0]): float(row[2]) for row in r.get("val_curve", [])
-            if row[2] is not None and math.isfinite(row[2])}
-
-
 def _paired_gap_curves(variants: dict[str, dict[int, dict]]
                        ) -> dict[str, dict[int, dict[int, float]]]:
     """``{variant: {seed: {step: val / val_bf16 - 1}}}`` at the evaluation steps both runs
     recorded, for each seed paired with a finite BF16 run of the same seed."""
-    base = {s: _val_at(r) for s, r in variants.get(BASELINE, {}).items() if _finite_val(r)}
+    base = {s: val_at(r) for s, r in variants.get(BASELINE, {}).items() if finite_val(r)}
     out = {}
     for v, runs in variants.items():
         if v == BASELINE:
             continue
         out[v] = {}
         for s, r in runs.items():
-            if s in base and _finite_val(r):
-                curve = _val_at(r)
+            if s in base and finite_val(r):
+                curve = val_at(r)
                 out[v][s] = {t: curve[t] / base[s][t] - 1.0
                              for t in sorted(set(curve) & set(base[s]))}
     return out
@@ -389,7 +194,7 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
         if not runs:
             lines.append(f"| {v} | 0 | not run yet | | | | | | |")
             continue
-        vals = [r["final_val_bpb"] for r in runs.values() if _finite_val(r)]
+        vals = [r["final_val_bpb"] for r in runs.values() if finite_val(r)]
         diverged = len(runs) - len(vals)
         bf = _mean([r.get("final_val_bpb_bf16_forward") for r in runs.values()])
         ms = _mean([r.get("step_time_s") for r in runs.values()])
@@ -422,123 +227,6 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
         lines.append(f"| {v} | {seeds} | {val} | {_fmt(bf, '.4f')} | {gap} | {interval} | "
                      f"{half} | {ms_text} | {_fmt(wall, '.0f')} |")
     return "\n".join(lines)
-
-
-def _plt():
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-
-
-def curves_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
-                  path: Path) -> None:
-    """Validation bits per byte along training (mean over seeds, band: min–max) and the
-    paired gap to BF16 along training (mean, band: min–max over seeds, and each seed as
-    a thin line: a seed that leads or trails the others all along shows as one)."""
-    plt = _plt()
-    fig, (ax, ax_gap) = plt.subplots(1, 2, figsize=(12, 4.5))
-    base = variants.get(BASELINE, {})
-    for v in order:
-        runs = variants.get(v)
-        if not runs:
-            continue
-        steps = sorted(set.intersection(*(set(p[0] for p in r["val_curve"])
-                                          for r in runs.values())))
-        if not steps:
-            continue
-        tokens = np.array([next(p[1] for p in next(iter(runs.values()))["val_curve"]
-                                if p[0] == s) for s in steps]) / 1e6
-        y = np.array([[dict((p[0], p[2]) for p in r["val_curve"])[s] for s in steps]
-                      for r in runs.values()])
-        (line,) = ax.plot(tokens, y.mean(0), label=f"{v} ({len(runs)} seeds)")
-        ax.fill_between(tokens, y.min(0), y.max(0), color=line.get_color(), alpha=0.2)
-        paired = [s for s in runs if s in base]
-        if v != BASELINE and paired:
-            b = {s: dict((p[0], p[2]) for p in base[s]["val_curve"]) for s in paired}
-            ok = [t for t in steps if all(t in b[s] for s in paired)]
-            g = np.array([[dict((p[0], p[2]) for p in runs[s]["val_curve"])[t] / b[s][t] - 1
-                           for t in ok] for s in paired]) * 100
-            xt = np.array([tokens[steps.index(t)] for t in ok])
-            ax_gap.plot(xt, g.mean(0), color=line.get_color(), label=v)
-            ax_gap.fill_between(xt, g.min(0), g.max(0), color=line.get_color(), alpha=0.2)
-            for seed_gap in g:
-                ax_gap.plot(xt, seed_gap, color=line.get_color(), lw=0.6, alpha=0.5)
-    ax.set(xlabel="training tokens (M)", ylabel="validation bits per byte",
-           title=f"{title} (band: min–max over seeds)")
-    ax.legend(fontsize=8)
-    ax_gap.axhline(0.0, color="black", lw=0.8)
-    ax_gap.set(xlabel="training tokens (M)", ylabel="gap to BF16 (%), paired by seed",
-               title="gap along training (band: min–max; thin: each seed)")
-    if ax_gap.lines[1:]:
-        ax_gap.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def gaps_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
-                path: Path) -> bool:
-    """Bars: mean paired gap to BF16 per variant, error bars: the 95% interval (none for
-    one seed). Returns False (no figure) when no variant has a paired gap."""
-    gaps = paired_gaps(variants)
-    rows = [(v, mean_interval(list(gaps[v].values()))) for v in order if gaps.get(v)]
-    if not rows:
-        return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.5))
-    y = np.arange(len(rows))[::-1]
-    means = [iv.mean * 100 for _, iv in rows]
-    err = [iv.half_width * 100 if iv.half_width is not None else 0.0 for _, iv in rows]
-    ax.barh(y, means, xerr=err, capsize=4, color=["tab:red" if iv.wide else "tab:blue"
-                                                   for _, iv in rows])
-    ax.set_yticks(y, [f"{v} (n={iv.n})" for v, iv in rows])
-    ax.axvline(0.0, color="black", lw=0.8)
-    ax.set(xlabel="validation-loss gap to BF16 (%), mean over seeds, 95% t-interval",
-           title=f"{title}\n(red: interval wider than ±{WIDE_PP} pp or one seed)")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return True
-
-
-HEALTH_PANELS = (("w/flush_to_zero", "max", "weights flushed to zero (max over layers)"),
-                 ("x/flush_to_zero", "max", "inputs flushed to zero (max over layers)"),
-                 ("w/rel_error", "mean", "weight quantization error (mean over layers)"))
-
-
-def health_figure(title: str, variants: dict[str, dict[int, dict]], order: Sequence[str],
-                  path: Path) -> bool:
-    """Diagnostics along training for each run that recorded them. Returns False (no
-    figure) when none did."""
-    runs = [(v, s, r) for v in order for s, r in sorted(variants.get(v, {}).items())
-            if r.get("diagnostics")]
-    if not runs:
-        return False
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(HEALTH_PANELS), figsize=(5 * len(HEALTH_PANELS), 4))
-    tokens_per_step = next(iter(runs))[2]["tokens"] / next(iter(runs))[2]["steps"]
-    for v, s, r in runs:
-        for ax, (key, agg, _) in zip(axes, HEALTH_PANELS):
-            pts = [(d["step"] * tokens_per_step / 1e6, d["summary"][key][agg])
-                   for d in r["diagnostics"] if key in d["summary"]]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=f"{v} (seed {s})")
-    for ax, (_, _, label) in zip(axes, HEALTH_PANELS):
-        ax.set(xlabel="training tokens (M)", title=label)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return True
 
 
 DIAG_COLUMNS = ("w/flush_to_zero", "x/flush_to_zero", "w/underflow_blocks",

@@ -9,9 +9,10 @@
 The study's command line. Its parts are modules of their own: the studies and their
 units (`study_specs`), running the units within a budget (`unit_runs`; what a result
 records besides its numbers: `unit_records`), handing the work from one device call to
-the next (`study_handoff`), the report (`study_report`); ``run --seed-batch K`` trains a
-variant's seeds K at a time as one program (`seed_batch`). docs/STUDY.md says how to run
-each study in device calls.
+the next (`study_handoff`), the report (`study_report`, on the results read and paired
+by `study_results`, their intervals from `study_stats`, its figures from
+`study_figures`); ``run --seed-batch K`` trains a variant's seeds K at a time as one
+program (`seed_batch`). docs/STUDY.md says how to run each study in device calls.
 """
 
 from __future__ import annotations

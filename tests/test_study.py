@@ -21,7 +21,9 @@ import data  # noqa: E402
 import handoff  # noqa: E402
 import study_handoff  # noqa: E402
 import study_report  # noqa: E402
+import study_results  # noqa: E402
 import study_specs  # noqa: E402
+import study_stats  # noqa: E402
 import train_llama  # noqa: E402
 import unit_records  # noqa: E402
 import unit_runs  # noqa: E402
@@ -127,25 +129,25 @@ def test_cli_plan_prints_the_study_and_each_units_state(tmp_path, capsys):
 def test_t_table_is_the_student_t_quantile():
     """Each tabulated t(0.975, df) has CDF 0.975 (regularized incomplete beta from JAX:
     an independent computation), and the 3-value interval matches the textbook value."""
-    for df, t in study_report.T_975.items():
+    for df, t in study_stats.T_975.items():
         x = df / (df + t * t)
         cdf = 1.0 - 0.5 * float(jax.scipy.special.betainc(df / 2.0, 0.5, np.float64(x)))
         assert abs(cdf - 0.975) < 1e-6, (df, cdf)
-    iv = study_report.mean_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.302653
+    iv = study_stats.mean_interval([1.0, 2.0, 3.0])  # sd 1, t(0.975, 2) = 4.302653
     assert iv.mean == 2.0 and iv.n == 3 and math.isclose(iv.half_width, 4.302653 / 3**0.5,
                                                          rel_tol=1e-6)
-    assert study_report.mean_interval([0.5]).half_width is None
-    assert study_report.mean_interval([0.01, 0.0101, 0.0099]).wide is False  # ±0.025 pp
-    assert study_report.mean_interval([0.01, 0.02, 0.0]).wide is True
+    assert study_stats.mean_interval([0.5]).half_width is None
+    assert study_stats.mean_interval([0.01, 0.0101, 0.0099]).wide is False  # ±0.025 pp
+    assert study_stats.mean_interval([0.01, 0.02, 0.0]).wide is True
     for df in (31, 47, 100, 400):  # beyond the table: the Cornish-Fisher expansion
-        t = study_report.t_critical(df)
+        t = study_stats.t_critical(df)
         x = df / (df + t * t)
         cdf = 1.0 - 0.5 * float(jax.scipy.special.betainc(df / 2.0, 0.5, np.float64(x)))
         assert abs(cdf - 0.975) < 2e-5, (df, cdf)
     with pytest.raises(ValueError, match="degrees of freedom"):
-        study_report.t_critical(0)
+        study_stats.t_critical(0)
     with pytest.raises(ValueError, match="finite"):
-        study_report.mean_interval([1.0, float("nan")])
+        study_stats.mean_interval([1.0, float("nan")])
 
 
 def test_difference_interval_is_welch_with_its_degrees_of_freedom_rounded_down():
@@ -160,17 +162,17 @@ def test_difference_interval_is_welch_with_its_degrees_of_freedom_rounded_down()
         va, vb = a.var(ddof=1) / n1, b.var(ddof=1) / n2
         nu = (va + vb) ** 2 / (va**2 / (n1 - 1) + vb**2 / (n2 - 1))
         want = scipy_stats.t.ppf(0.975, math.floor(nu)) * math.sqrt(va + vb)
-        iv = study_report.difference_interval(a, b)
+        iv = study_stats.difference_interval(a, b)
         assert math.isclose(iv.mean, b.mean() - a.mean(), rel_tol=1e-12)
         assert math.isclose(iv.half_width, want, rel_tol=1e-6), (n1, n2, iv, want)
         assert iv.n == min(n1, n2)
-    iv = study_report.difference_interval([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
+    iv = study_stats.difference_interval([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
     assert math.isclose(iv.half_width, scipy_stats.t.ppf(0.975, 4) * math.sqrt(2 / 3),
                         rel_tol=1e-6)
     with pytest.raises(ValueError, match="second: need two or more"):
-        study_report.difference_interval([1.0, 2.0], [1.0])
+        study_stats.difference_interval([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="first: need two or more finite"):
-        study_report.difference_interval([1.0, float("inf")], [1.0, 2.0])
+        study_stats.difference_interval([1.0, float("inf")], [1.0, 2.0])
 
 
 SEEDS = (0, 1, 2)
@@ -251,7 +253,7 @@ def test_goals_section_reads_the_growth_with_run_length_from_its_welch_interval(
     grows = {0: 0.050, 1: 0.052, 2: 0.051}
     line = [ln for ln in study_report.goals_section([spec], results(grows)).splitlines()
             if "10 → 100 tokens/param" in ln]
-    d = study_report.difference_interval([0.030, 0.031, 0.029], list(grows.values()))
+    d = study_stats.difference_interval([0.030, 0.031, 0.029], list(grows.values()))
     lo, hi = d.mean - d.half_width, d.mean + d.half_width
     assert line == [f"  - growth, python, 10 → 100 tokens/param: {d.mean * 100:+.2f} pp "
                     f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp, n=3 and 3: grows"]
@@ -287,7 +289,7 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     for line in text[text.index("## fake"):].splitlines():
         if line.startswith("| ") and line.split("|")[1].strip() in ("bf16", "paper", "no_sr"):
             rows.setdefault(line.split("|")[1].strip(), line)
-    paper = study_report.mean_interval(list(GAPS["paper"].values()))
+    paper = study_stats.mean_interval(list(GAPS["paper"].values()))
     assert "+1.60% (n=3)" in rows["paper"] and f"±{paper.half_width * 100:.2f} pp" in rows[
         "paper"]
     lo, hi = paper.mean - paper.half_width, paper.mean + paper.half_width
@@ -299,7 +301,7 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     assert "| fake | python | 10 | no_sr | +3.00% |" in headline and "**too wide**" in headline
     assert "all_nvfp4" not in headline  # its one seed diverged: no pair with BF16
     hidden = dataclasses.replace(spec, headline=False)
-    assert study_report.headline_table([hidden], {"fake": study_report.load_results(
+    assert study_report.headline_table([hidden], {"fake": study_results.load_results(
         hidden, res)}) == ""
     assert "+3.00% (n=3)" in rows["no_sr"] and "2.0000 ± 0.0200" in rows["bf16"]
     figs = sorted(p.name for p in (tmp_path / "docs" / "study").iterdir())
@@ -365,8 +367,8 @@ def test_prose_corpus_keeps_prose_drops_code_and_repeated_blocks(tmp_path):
 def test_docstring_examples_of_the_study_modules_run():
     import seed_batch  # noqa: PLC0415
 
-    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_report, handoff,
-                seed_batch):
+    for mod in (study_specs, unit_records, unit_runs, study_handoff, study_stats,
+                study_results, study_report, handoff, seed_batch):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
@@ -403,14 +405,14 @@ def test_seeds_for_half_width_is_the_fewest_that_reach_the_target():
     """The returned n meets the half-width target and n - 1 does not; a zero sd needs two
     seeds."""
     def half(n, sd):
-        return study_report.t_critical(n - 1) * sd / math.sqrt(n)
+        return study_stats.t_critical(n - 1) * sd / math.sqrt(n)
 
     for sd in (0.001, 0.004, 0.0103, 0.02):
-        n = study_report.seeds_for_half_width(sd, 0.003)
+        n = study_stats.seeds_for_half_width(sd, 0.003)
         assert half(n, sd) <= 0.003 and (n == 2 or half(n - 1, sd) > 0.003), (sd, n)
-    assert study_report.seeds_for_half_width(0.0, 0.003) == 2
+    assert study_stats.seeds_for_half_width(0.0, 0.003) == 2
     with pytest.raises(ValueError, match="target"):
-        study_report.seeds_for_half_width(0.01, 0.0)
+        study_stats.seeds_for_half_width(0.01, 0.0)
 
 
 def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
@@ -425,10 +427,10 @@ def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     table = study_report.gap_along_training(variants)
     head, _, row, *rest = table.splitlines()
     assert "step 50" in head and "step 100" in head and not rest
-    mid = study_report.mean_interval(
+    mid = study_stats.mean_interval(
         [(BF16_VALS[s] * (1 + GAPS["paper"][s]) + 0.5) / (BF16_VALS[s] + 0.5) - 1 for s in SEEDS])
-    end = study_report.mean_interval(list(GAPS["paper"].values()))
-    need = study_report.seeds_for_half_width(end.sd, study_report.WIDE_PP / 100)
+    end = study_stats.mean_interval(list(GAPS["paper"].values()))
+    need = study_stats.seeds_for_half_width(end.sd, study_stats.WIDE_PP / 100)
     assert row == (f"| paper (n=3) | {mid.mean * 100:+.2f}% ± {mid.sd * 100:.2f} | "
                    f"{end.mean * 100:+.2f}% ± {end.sd * 100:.2f} | {need} |")
     assert study_report.gap_along_training({"bf16": variants["bf16"]}) == ""
@@ -451,7 +453,7 @@ def test_against_full_recipe_pairs_each_variant_with_the_paper_recipe_by_seed():
     table = study_report.against_full_recipe(spec, variants, "python")
     head, _, *rows = table.splitlines()
     assert [r.split("|")[1].strip() for r in rows] == ["no_sr", "no_2d"]
-    iv = study_report.mean_interval([0.010, 0.012, 0.011])
+    iv = study_stats.mean_interval([0.010, 0.012, 0.011])
     assert rows[0] == (f"| no_sr | 0,1,2 | {iv.mean * 100:+.2f}% | "
                        f"[{(iv.mean - iv.half_width) * 100:+.2f}%, "
                        f"{(iv.mean + iv.half_width) * 100:+.2f}%] | worse than the full recipe "
@@ -496,7 +498,7 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
     assert "from 75% of the run on" in head and not rest
     bands = ", ".join(f"s{s} {min(g) * 100:+.2f}% .. {max(g) * 100:+.2f}%" for s, g in late.items())
     within = sum(max(g) - min(g) for g in late.values()) / 3
-    between = study_report.mean_interval([g[1] for g in late.values()]).sd
+    between = study_stats.mean_interval([g[1] for g in late.values()]).sd
     assert row == (f"| paper (n=3) | {bands} | {within * 100:.2f} pp | {between * 100:.2f} pp "
                    "| — |")
     assert study_report.gap_spread_sources({"bf16": variants["bf16"]}) == ""

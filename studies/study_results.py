@@ -1,0 +1,101 @@
+"""A study's finished results, read and paired (issue 12): the units' JSON by group and
+variant, and the relative gaps paired by seed (same seed = same initialization, data
+order and SR keys).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from study_stats import Interval, difference_interval
+
+BASELINE = "bf16"
+
+
+FULL_RECIPE = "paper"
+"""The variant the ablations and the proposed improvements are read against (issue 12:
+each ablation should be worse than the full recipe)."""
+
+
+def load_results(spec: Any, results: Path) -> list[dict[str, Any]]:
+    """The finished units' JSON of a study, in the study's unit order."""
+    out = []
+    for unit in spec.units():
+        p = Path(results) / f"{unit.name}.json"
+        if p.exists():
+            out.append(json.loads(p.read_text()))
+    return out
+
+
+Group = tuple[str, float]
+"""(corpus, planned tokens per parameter)."""
+
+
+def by_group(results: list[dict[str, Any]]) -> dict[Group, dict[str, dict[int, dict]]]:
+    """``{(corpus, tokens/param): {variant: {seed: result}}}``."""
+    out: dict[Group, dict[str, dict[int, dict]]] = {}
+    for r in results:
+        g = (r["corpus"], r["tokens_per_param_planned"])
+        out.setdefault(g, {}).setdefault(r["variant"], {})[r["seed"]] = r
+    return out
+
+
+def finite_val(r: dict[str, Any]) -> bool:
+    v = r.get("final_val_bpb")
+    return v is not None and math.isfinite(v)
+
+
+def paired_gaps(variants: dict[str, dict[int, dict]], baseline: str = BASELINE
+                ) -> dict[str, dict[int, float]]:
+    """``{variant: {seed: val / val_baseline - 1}}`` over the seeds both have finished with
+    a finite validation loss (a diverged run is reported apart, `divergence_lines`)."""
+    base = {s: r for s, r in variants.get(baseline, {}).items() if finite_val(r)}
+    return {v: {s: r["final_val_bpb"] / base[s]["final_val_bpb"] - 1.0
+                for s, r in sorted(runs.items()) if s in base and finite_val(r)}
+            for v, runs in variants.items() if v != baseline}
+
+
+def length_growth(groups: dict[Group, dict[str, dict[int, dict]]], corpus: str, variant: str,
+                  short: float, long: float
+                  ) -> tuple[dict[float, list[float]], Interval | None]:
+    """A variant's paired gaps by run length on ``corpus`` (``groups``: `by_group`), and
+    the gap at ``long`` minus the gap at ``short`` (`difference_interval`), None with
+    fewer than two seeds at either length."""
+    by_length = {}
+    for (c, t), variants in groups.items():
+        g = paired_gaps(variants).get(variant) if c == corpus else None
+        if g:
+            by_length[t] = list(g.values())
+    if min(len(by_length.get(short, ())), len(by_length.get(long, ()))) < 2:
+        return by_length, None
+    return by_length, difference_interval(by_length[short], by_length[long])
+
+
+def alike_through(a: dict, b: dict) -> int | None:
+    """The last evaluation step through which two runs' validation values are equal, bit
+    for bit, from the first evaluation on; None where they differ at the first.
+
+    Two variants that differ only after a late switch (the BF16-forward tail) train alike
+    up to the switch when they run on the same compiled kernels; their difference is then
+    the tail's alone, free of trajectory noise.
+
+    Example:
+        >>> run = lambda *vals: {"val_curve": [[i, 0, v] for i, v in enumerate(vals, 1)]}
+        >>> alike_through(run(2.0, 1.5, 1.2), run(2.0, 1.5, 1.1))
+        2
+    """
+    step = None
+    for (s, _, x), (_, _, y) in zip(a["val_curve"], b["val_curve"]):
+        if x != y:
+            break
+        step = s
+    return step
+
+
+def val_at(r: dict[str, Any]) -> dict[int, float]:
+    """``{step: validation bpb}`` of a unit's curve (rows ``[step, tokens, bpb]``)."""
+    return {int(row[0]): float(row[2]) for row in r.get("val_curve", [])
+            if row[2] is not None and math.isfinite(row[2])}
