@@ -13,7 +13,7 @@ from typing import Any
 from study_stats import Interval, difference_interval
 
 BASELINE = "bf16"
-
+"""The variant every gap to BF16 is relative to."""
 
 FULL_RECIPE = "paper"
 """The variant the ablations and the proposed improvements are read against (issue 12:
