@@ -136,9 +136,11 @@ def test_the_first_step_in_a_later_precision_mode_is_timed_apart_from_the_steps(
     tokens = np.random.default_rng(0).integers(0, 256, 4000).astype(np.uint8)
     batches = data.Batches(tokens, batch=2, seq=16, seed=0)
     val = data.validation_batches(tokens, batch=2, seq=16, max_batches=1)
+    # Every layer kept in BF16: the two modes' programs compile in a second or so each,
+    # and the switch still compiles the second.
     cfg = train_llama.RunConfig(recipe="nvfp4", batch=2, seq=16, log_every=1, eval_every=0,
                                 eval_batches=1, eval_bf16_forward=False, bf16_forward_tail=0.5,
-                                keep_patterns=(r".*\.attn\..*", r".*\.mlp\.(gate|up)"))
+                                keep_patterns=(r".*",))
     trainer = train_llama.Trainer(LlamaConfig(dim=32, layers=1, heads=2), cfg, 8)
     summary = train_llama.train(trainer, batches, val, steps=8, progress=False)
     assert summary["compilations"] == 2  # the recipe's step and the tail's
