@@ -24,7 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-_TIMING = re.compile(r"\s*(run_time|scratch_bytes)\b")
+_TIMINGS = re.compile(r"\b(run_time\s*\{[^{}]*\}|scratch_bytes:\s*\d+)")
 
 
 def _blocks(text: str, name: str) -> list[str]:
@@ -50,18 +50,9 @@ def _blocks(text: str, name: str) -> list[str]:
 
 
 def _without_timings(result: str) -> str:
-    """A result block's pick: its text without the measured run time and scratch size."""
-    out, skip = [], 0
-    for line in result.splitlines():
-        if skip:
-            skip += line.count("{") - line.count("}")
-            continue
-        if _TIMING.match(line):
-            skip = line.count("{") - line.count("}")
-            continue
-        if line.strip():
-            out.append(line.strip())
-    return " ".join(out)
+    """A result block's pick: its text, whitespace collapsed, without the measured run
+    time (a Duration: scalars only, no nested block) and scratch size."""
+    return " ".join(_TIMINGS.sub("", result).split())
 
 
 def picks(text: str) -> dict[tuple[str, str], str]:
@@ -84,7 +75,7 @@ def picks(text: str) -> dict[tuple[str, str], str]:
     for body in _blocks(text, "results"):
         device = re.search(r'^\s*device:\s*"((?:[^"\\]|\\.)*)"', body, re.M)
         hlo = re.search(r'^\s*hlo:\s*"((?:[^"\\]|\\.)*)"', body, re.M)
-        result = _blocks(body[hlo.end() if hlo else 0:], "result") if hlo else []
+        result = _blocks(body[hlo.end():], "result") if hlo else []
         if device is None or hlo is None or not result:
             raise ValueError(f"an autotuning entry without device, hlo or result: "
                              f"{body[:200]!r}")
@@ -103,8 +94,7 @@ def compare(a: dict, b: dict) -> tuple[int, list[tuple[str, str, str]]]:
     """(keys both tuned, [(first line of the HLO, pick in a, pick in b)] where they
     differ)."""
     shared = sorted(set(a) & set(b))
-    differ = [(hlo.split("\\n")[0][:120], a[k], b[k]) for k in shared
-              for _, hlo in [k] if a[k] != b[k]]
+    differ = [(k[1].split("\\n")[0][:120], a[k], b[k]) for k in shared if a[k] != b[k]]
     return len(shared), differ
 
 
