@@ -11,10 +11,18 @@
 # hands its results off into $OUT/STUDY, without compilation-cache entries. Each process
 # writes the kernels XLA's autotuner picked to $OUT/autotune/N-STUDY.textproto.gz
 # (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls.
+# Each process loads the committed picks, studies/autotune_picks.textproto (where it is
+# there): a program they cover gets the same kernels in every process and session, so a
+# run of one seed repeats bit for bit; XLA tunes the programs they do not cover anew
+# (merge those processes' dumps into it: `autotune_picks.py merge`, first pick kept).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 BUDGET=${1:?budget in seconds}; shift
 T0=$SECONDS
+LOAD=
+if [ -f studies/autotune_picks.textproto ]; then
+  LOAD="--xla_gpu_load_autotune_results_from=$PWD/studies/autotune_picks.textproto"
+fi
 N=0
 for ARG in "$@"; do
   IFS=: read -r STUDY VARIANTS CORPORA SEEDS K MIN TPP <<< "$ARG"
@@ -28,7 +36,7 @@ for ARG in "$@"; do
   if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
   PICKS="$OUT/autotune/$N-$STUDY.textproto"
   mkdir -p "$OUT/autotune"
-  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_dump_autotune_results_to=$PICKS" \
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
   timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \

@@ -13,6 +13,8 @@ import subprocess
 
 import pytest
 
+from benchmarks import autotune_picks
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_studies_call.sh")
 
@@ -69,18 +71,22 @@ def test_a_batch_size_below_two_is_refused(tmp_path, k):
     assert rc == 2 and "hybrid: K must be >= 2" in out and calls == []
 
 
-def test_each_study_process_dumps_its_autotuning_picks_to_a_file_of_its_own(tmp_path):
-    """Each process gets --xla_gpu_dump_autotune_results_to a file under $OUT/autotune
-    named by the argument's place and study (so two processes of one study do not
-    overwrite each other), after any XLA_FLAGS already set; a written file is gzipped."""
+def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path):
+    """Each process loads the committed autotuning picks (a dump in XLA's format, read by
+    `autotune_picks`) and gets --xla_gpu_dump_autotune_results_to a file under
+    $OUT/autotune named by the argument's place and study (so two processes of one study
+    do not overwrite each other), after any XLA_FLAGS already set; a written file is
+    gzipped."""
     rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16")
     assert rc == 0, out
     assert len(calls) == 2
     flags = (tmp_path / "xla_flags.txt").read_text().splitlines()
+    committed = os.path.join(REPO, "studies", "autotune_picks.textproto")
+    assert autotune_picks.read_picks(committed)
     picks = [str(tmp_path / "out" / "autotune" / f"{n}-pure_llama.textproto") for n in (1, 2)]
     before = os.environ.get("XLA_FLAGS", "")  # the suite's own CPU flags, if any
-    assert flags == [f"{before + ' ' if before else ''}--xla_gpu_dump_autotune_results_to={p}"
-                     for p in picks]
+    assert flags == [f"{before + ' ' if before else ''}--xla_gpu_load_autotune_results_from="
+                     f"{committed} --xla_gpu_dump_autotune_results_to={p}" for p in picks]
     bin_dir = tmp_path / "bin"  # a python3 that writes the file, as XLA would
     (bin_dir / "python3").write_text(
         '#!/usr/bin/env bash\nf="${XLA_FLAGS##*dump_autotune_results_to=}"; '
