@@ -57,7 +57,8 @@ def source_tree() -> str | None:
 
 def environment(command: str) -> dict[str, Any]:
     """Where and how a segment of a unit ran (``git_tree``: `source_tree`; ``git_commit``:
-    the copy's HEAD, which can be older than the code on a device machine)."""
+    the copy's HEAD, which can be older than the code on a device machine; ``xla_flags``:
+    the process's XLA_FLAGS, which say which autotuning picks it loaded)."""
     import jaxlib  # noqa: PLC0415
 
     return {
@@ -71,6 +72,7 @@ def environment(command: str) -> dict[str, Any]:
         "command": command,
         "git_commit": _git("rev-parse", "HEAD") or None,
         "git_tree": source_tree(),
+        "xla_flags": os.environ.get("XLA_FLAGS") or None,
     }
 
 

@@ -960,3 +960,13 @@ def test_diag_corpora_limit_diagnostics_to_some_corpora():
     assert sampling(only_python) == ["python-tpp0.003-down_only-s1"]
     with pytest.raises(ValueError, match=r"diag_corpora \('code',\)"):
         dataclasses.replace(spec, diag_corpora=("code",))
+
+
+def test_a_segments_environment_records_the_xla_flags_it_ran_with(monkeypatch):
+    """Which autotuning picks a GPU process loaded is part of how its numbers came about:
+    the environment stored with each segment holds XLA_FLAGS as set, None where unset."""
+    flags = "--xla_gpu_load_autotune_results_from=/x/studies/autotune_picks.textproto"
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert unit_records.environment("run")["xla_flags"] == flags
+    monkeypatch.delenv("XLA_FLAGS")
+    assert unit_records.environment("run")["xla_flags"] is None
