@@ -335,9 +335,13 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "with a late switch differs from it by the switch alone only where "
                       "that reaches the switch. On the H200, variants run in different "
                       "sessions part early even where the code that trains them is "
-                      "unchanged (a CPU repeats them bit for bit); the likely cause is "
-                      "XLA's GEMM autotuning, timed anew in each process, which may pick "
-                      "kernels that order their sums differently:", "",
+                      "unchanged (a CPU repeats them bit for bit). The likely cause is "
+                      "XLA's autotuning: two processes that compiled one program picked "
+                      "other kernels for some of its GEMMs, which may order their sums "
+                      "otherwise (benchmarks/results/2026-12-02-h200u). Runs of later "
+                      "sessions load one committed set of picks "
+                      "(`studies/autotune_picks.textproto`; each result's "
+                      "`environment.xla_flags` says whether it did):", "",
                       against, ""]
         along = gap_along_training(variants)
         if along:
