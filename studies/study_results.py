@@ -95,6 +95,41 @@ def alike_through(a: dict, b: dict) -> int | None:
     return step
 
 
+def repeats(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[str]:
+    """Whether runs repeat the earlier runs of the same units bit for bit: a line per
+    unit in both (how far its validation and training curves stay equal), then a count.
+
+    A replay on the GPU repeats a run only where every kernel sums in the same order as
+    it did: same code, same device kind and the same autotuning picks.
+
+    Example:
+        >>> run = lambda *vals: {"unit": "u", "val_curve": [[i, 0, v] for i, v in
+        ...     enumerate(vals, 1)], "train_curve": [[i, v] for i, v in enumerate(vals, 1)]}
+        >>> for line in repeats([run(2.0, 1.5)], [run(2.0, 1.4)]):
+        ...     print(line)
+        u: validation equal through step 1 of 2, training loss through step 1 of 2; differs
+        0 of 1 runs repeat bit for bit
+    """
+    lines, same = [], 0
+    by_unit = {r["unit"]: r for r in earlier}
+    for r in runs:
+        e = by_unit.get(r["unit"])
+        if e is None:
+            continue
+        val = alike_through(r, e)
+        train = None
+        for (s, x, *_), (_, y, *_) in zip(r["train_curve"], e["train_curve"]):
+            if x != y:
+                break
+            train = s
+        whole = r["val_curve"] == e["val_curve"] and r["train_curve"] == e["train_curve"]
+        same += whole
+        lines.append(f"{r['unit']}: validation equal through step {val or 'none'} of "
+                     f"{r['val_curve'][-1][0]}, training loss through step {train or 'none'} "
+                     f"of {r['train_curve'][-1][0]}; {'repeats' if whole else 'differs'}")
+    return lines + [f"{same} of {len(lines)} runs repeat bit for bit"]
+
+
 def val_at(r: dict[str, Any]) -> dict[int, float]:
     """``{step: validation bpb}`` of a unit's curve (rows ``[step, tokens, bpb]``)."""
     return {int(row[0]): float(row[2]) for row in r.get("val_curve", [])

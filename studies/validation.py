@@ -4,6 +4,7 @@
     PYTHONPATH=. python studies/validation.py run pure_llama --budget-s 500 --handoff $OUT
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from DIR  # after a call
     PYTHONPATH=. python studies/validation.py adopt pure_llama --from-study noise_pilot
+    PYTHONPATH=. python studies/validation.py repeats pure_llama --results REPLAY  # bit for bit?
     PYTHONPATH=. python studies/validation.py report                   # docs/STUDY.md + PNGs
 
 The study's command line. Its parts are modules of their own: the studies and their
@@ -30,6 +31,7 @@ import data as data_lib
 import jax
 from seed_batch import run_seed_batches
 from study_handoff import pack_handoff, restore_handoff, unpack
+from study_results import load_results, repeats
 from unit_runs import adopt_units, finished, run_study, status_lines
 
 
@@ -95,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     ad.add_argument("study", choices=sorted(STUDIES))
     ad.add_argument("--from-study", required=True, choices=sorted(STUDIES))
     ad.add_argument("--results-root", default=str(REPO / "studies" / "results"))
+    rp = sub.add_parser("repeats", help="whether the runs in a results folder repeat the "
+                        "committed runs of the same units bit for bit (a replay)")
+    rp.add_argument("study", choices=sorted(STUDIES))
+    rp.add_argument("--results", required=True, help="the replay's results folder")
+    rp.add_argument("--against", default=None,
+                    help="the earlier runs' folder (default studies/results/STUDY)")
     rep = sub.add_parser("report", help="docs/STUDY.md and its figures from the results")
     rep.add_argument("studies", nargs="*", help="default: every study in the report")
     rep.add_argument("--results", default=None, help="with one study: its results folder")
@@ -128,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = STUDIES[a.study]
     results = Path(a.results) if a.results else REPO / "studies" / "results" / spec.name
+    if a.cmd == "repeats":
+        against = Path(a.against) if a.against else REPO / "studies" / "results" / spec.name
+        print("\n".join(repeats(load_results(spec, results), load_results(spec, against))))
+        return 0
     if a.cmd == "unpack":
         for line in unpack(spec, results, Path(a.src), Path(a.carry)):
             print(line)

@@ -970,3 +970,25 @@ def test_a_segments_environment_records_the_xla_flags_it_ran_with(monkeypatch):
     assert unit_records.environment("run")["xla_flags"] == flags
     monkeypatch.delenv("XLA_FLAGS")
     assert unit_records.environment("run")["xla_flags"] is None
+
+
+def test_repeats_tells_a_replay_that_repeats_from_one_that_parts(tmp_path, capsys):
+    """`validation.py repeats`: a replayed unit whose curves equal the earlier run's is
+    counted as repeating; one whose training loss differs from some step on is not, and
+    its line says through which steps the curves agree; units only in one folder are
+    left out."""
+    spec = study_specs.STUDIES["hybrid"]
+    earlier, replay = tmp_path / "earlier", tmp_path / "replay"
+    earlier.mkdir()
+    replay.mkdir()
+    for seed, folder in ((0, earlier), (0, replay), (1, earlier), (1, replay), (2, earlier)):
+        r = _fake_result(spec, "bf16", seed, 1.0)
+        r["train_curve"] = [[25, 3.0, 1.0, "bf16"], [50, 2.0, 1.0, "bf16"],
+                            [75, 1.5 if folder == earlier or seed == 0 else 1.6, 1.0, "bf16"]]
+        (folder / f"{r['unit']}.json").write_text(json.dumps(r))
+    assert validation.main(["repeats", "hybrid", "--results", str(replay),
+                            "--against", str(earlier)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "1 of 2 runs repeat bit for bit"
+    assert out[0].endswith("through step 75 of 75; repeats")
+    assert "training loss through step 50 of 75; differs" in out[1]
