@@ -28,6 +28,7 @@ from study_results import (
     alike_through,
     by_group,
     finite_val,
+    forward_costs,
     length_growth,
     load_results,
     paired_gaps,
@@ -186,8 +187,8 @@ def _fmt(x: float | None, spec: str) -> str:
 def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
     """The markdown table of one group: one row per variant that runs on ``corpus``."""
     gaps = paired_gaps(variants)
-    head = ("| variant | seeds | val bpb (mean ± sd) | val bpb, BF16 forward | gap to BF16 "
-            "(paired mean) | 95% interval | half-width | ms/step | s/unit |")
+    head = ("| variant | seeds | val bpb (mean ± sd) | quantized forward's cost (seeds) | gap "
+            "to BF16 (paired mean) | 95% interval | half-width | ms/step | s/unit |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for v in spec.variants_of(corpus):
         runs = variants.get(v)
@@ -196,7 +197,13 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
             continue
         vals = [r["final_val_bpb"] for r in runs.values() if finite_val(r)]
         diverged = len(runs) - len(vals)
-        bf = _mean([r.get("final_val_bpb_bf16_forward") for r in runs.values()])
+        costs = list(forward_costs(runs).values())
+        if not costs:
+            cost = "—"
+        elif spec.variant(v).bf16_forward_tail > 0 and not any(costs):
+            cost = "0 (ends with a BF16 forward)"
+        else:
+            cost = f"{_pct(min(costs))} .. {_pct(max(costs))}"
         ms = _mean([r.get("step_time_s") for r in runs.values()])
         # Until the loops timed the tail's first step apart (`train_llama.ModeSwitches`),
         # its compilation was in the step time.
@@ -224,7 +231,7 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
                 half = f"±{iv.half_width * 100:.2f} pp" + (" **too wide**" if iv.wide else "")
         else:
             gap, interval, half = "no finished pair with BF16 yet", "—", "—"
-        lines.append(f"| {v} | {seeds} | {val} | {_fmt(bf, '.4f')} | {gap} | {interval} | "
+        lines.append(f"| {v} | {seeds} | {val} | {cost} | {gap} | {interval} | "
                      f"{half} | {ms_text} | {_fmt(wall, '.0f')} |")
     return "\n".join(lines)
 
@@ -562,6 +569,12 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
                             "not resolved against the published span")
             if iv.half_width is not None and iv.mean - iv.half_width <= 0:
                 text += "; **not distinguishable from zero: a bug signal if it stays so**"
+                costs = list(forward_costs(variants[FULL_RECIPE]).values())
+                if costs and min(costs) > 0:
+                    text += (f" (yet quantizing the forward pass costs each seed's final "
+                             f"weights {_pct(min(costs))} to {_pct(max(costs))} against the "
+                             f"same weights in BF16: the quantization is active, and the "
+                             f"gap's spread is the runs' own)")
             cell = _interval_text(iv) if iv.half_width is not None else "one seed"
             anchors.append(f"  - {where}: {_pct(iv.mean)} {cell}, n={iv.n}: {text}")
         against = paired_gaps(variants, FULL_RECIPE)
@@ -648,7 +661,11 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         "seed (the same seed gives the same initialization, data order and SR keys): "
         "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
         f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. "
-        "Validation losses are in bits per byte (byte-level models).", "",
+        "Validation losses are in bits per byte (byte-level models). A quantized run's "
+        "final weights are also evaluated with BF16 forward GEMMs: the quantized forward's "
+        "cost, `val / val_bf16_forward - 1` on the same weights (its range over the seeds "
+        "in the tables), is free of the noise between runs and shows each run's forward "
+        "quantization active.", "",
     ]
     results = {spec.name: load_results(spec, dirs[spec.name]) for spec in specs}
     headline = headline_table(specs, results)

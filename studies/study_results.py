@@ -130,6 +130,25 @@ def repeats(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[s
     return lines + [f"{same} of {len(lines)} runs repeat bit for bit"]
 
 
+def forward_costs(runs: dict[int, dict]) -> dict[int, float]:
+    """``{seed: val / val_bf16_forward - 1}``: what quantizing the forward pass costs each
+    run's final weights, against the same weights evaluated with BF16 forward GEMMs.
+
+    It is measured on one set of weights, so free of the trajectory noise between runs: a
+    positive cost in every seed shows the forward quantization active even where a run's
+    gap to BF16 is at or below zero. BF16 runs have no such evaluation; runs that end
+    with a BF16 forward pass (the tail variants) cost 0.
+
+    Example:
+        >>> forward_costs({0: {"final_val_bpb": 1.01, "final_val_bpb_bf16_forward": 1.0},
+        ...                1: {"final_val_bpb": 1.0}})
+        {0: 0.010000000000000009}
+    """
+    return {s: r["final_val_bpb"] / r["final_val_bpb_bf16_forward"] - 1
+            for s, r in runs.items()
+            if r.get("final_val_bpb_bf16_forward") is not None and finite_val(r)}
+
+
 def val_at(r: dict[str, Any]) -> dict[int, float]:
     """``{step: validation bpb}`` of a unit's curve (rows ``[step, tokens, bpb]``)."""
     return {int(row[0]): float(row[2]) for row in r.get("val_curve", [])

@@ -230,8 +230,41 @@ def test_goals_section_reads_each_goal_from_the_intervals(tmp_path):
     assert len(best) == 1 and best[0].endswith(": within 0.5% of BF16")
     zero = study_report.goals_section([spec], results({"paper": {0: -0.01, 1: 0.0, 2: 0.012}}))
     assert "not distinguishable from zero: a bug signal" in zero
+    assert "the quantization is active" not in zero  # no run measured its forward cost
     assert "nothing measured yet" in zero  # no ablation, no second variant
     assert study_report.goals_section([spec], {"goals": []}) == ""
+
+
+def test_the_quantized_forwards_cost_is_reported_per_seed_and_checks_a_zero_gap():
+    """Each quantized run's val / val_bf16_forward - 1 on its own weights: the gap table
+    gives its range over seeds (a dash for BF16, 0 for a variant ending with a BF16
+    forward); a full-recipe gap whose interval reaches zero is said to come with active
+    quantization only where every seed's cost is above zero."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="costs", seeds=SEEDS,
+                               variants=("bf16", "paper", "paper_tail"))
+
+    def results(costs):
+        out = []
+        for sd, gap in zip(SEEDS, (-0.01, 0.0, 0.012)):
+            out.append(_fake_result(spec, "bf16", sd, BF16_VALS[sd]))
+            for v, cost in (("paper", costs[sd]), ("paper_tail", 0.0)):
+                r = _fake_result(spec, v, sd, BF16_VALS[sd] * (1 + gap))
+                r["final_val_bpb_bf16_forward"] = r["final_val_bpb"] / (1 + cost)
+                out.append(r)
+        return out
+
+    active = results({0: 0.004, 1: 0.006, 2: 0.008})
+    variants = study_results.by_group(active)[("python", 10.0)]
+    table = study_report.gap_table(spec, variants, "python").splitlines()
+    assert "| +0.40% .. +0.80% |" in next(ln for ln in table if ln.startswith("| paper |"))
+    assert "| 0 (ends with a BF16 forward) |" in next(
+        ln for ln in table if ln.startswith("| paper_tail |"))
+    assert next(ln for ln in table if ln.startswith("| bf16 |")).split(" | ")[3] == "—"
+    text = study_report.goals_section([spec], {"costs": active})
+    assert "bug signal" in text and "+0.40% to +0.80%" in text
+    assert "the quantization is active" in text
+    one_free = study_report.goals_section([spec], {"costs": results({0: 0.004, 1: 0.0, 2: 0.008})})
+    assert "bug signal" in one_free and "the quantization is active" not in one_free
 
 
 def test_goals_section_reads_the_growth_with_run_length_from_its_welch_interval():
