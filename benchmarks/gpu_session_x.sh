@@ -14,7 +14,7 @@
 # Calls 1-2 bring the headline pair on Python to 38 seeds (the sd over 32 pairs, 0.88 pp,
 # needs ~36 for a ±0.3 pp interval). Call 3 adds seeds to the ablations, which at 3 seeds
 # each all sit below the full recipe, against the expectation, unresolved.
-# Estimates (`seed_batch.batch_wall_estimate` on the committed results): paper_tail in
+# Estimates (`batch_plans.batch_wall_estimate` on the committed results): paper_tail in
 # three ~220 s, BF16 in three ~120 s, paper in six 310 s, no_2d and no_sr in three
 # ~190 s; the replay ~145 s.
 export PYTHONPATH=. PYTHONUNBUFFERED=1

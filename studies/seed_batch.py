@@ -11,6 +11,12 @@ with ``seed_batch`` naming the batch. The batched GEMMs may sum in another order
 single run's, so a unit is not bitwise the unbatched run of its seed: the same recipe,
 a statistically equivalent run.
 
+A batch of a variant whose BF16-forward-tail variant (`tail_variant`) still lacks some
+of its seeds trains those as a fork (`train_seeds`): the state before the switch is
+kept, and after the batch a copy trains on with BF16 forward GEMMs. The forked runs share
+the batch's up to the switch by construction, whatever kernels the GPU's autotuner picks
+in another process, and cost only the steps after the switch (18% of a run).
+
 A batch has no checkpoints (it runs to its end within one call). The seeds whose run
 config samples per-layer diagnostics (`StudySpec.diag_seeds`) sample them at the steps an
 unbatched run would, each from its own slice of the stacked state and batch, through the
@@ -42,19 +48,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import train_llama as tl
+from batch_plans import (
+    batch_plan,
+    batch_wall_estimate,
+    fork_units,
+    fork_wall_estimate,
+    tail_variant,
+)
 from unit_records import environment
 from unit_runs import (
     TooLong,
     build_result,
     checked_epochs,
-    finished,
-    paused_s,
     result_path,
     reusable_trainer,
     write_json,
 )
 
 from fp4jax import diagnostics
+from fp4jax import train as train_lib
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -177,29 +189,25 @@ class BatchPrograms:
         return (spec.name, units[0].variant, units[0].tokens_per_param, len(units))
 
 
-def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
-                steps: int, progress: bool = False) -> dict[str, Any]:
-    """Trains the batch's seeds for ``steps`` steps.
+def _copy_state(state: Any) -> Any:
+    """New buffers holding ``state``'s arrays: the donating step leaves the copy alone."""
+    return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
 
-    Returns:
-      ``final_state`` (stacked), per seed (lists in seed order) ``final_val_bpb`` and
-      ``records`` (`train_llama.train`'s ``metrics.jsonl`` records: training metrics
-      every ``log_every`` steps, validation every ``eval_every``, diagnostics every
-      ``diag_every`` for `SeedBatch.diag_indices`), and the shared
-      ``step_time_s`` (after the first step, without the first step in a later
-      precision mode: `train_llama.ModeSwitches`), ``first_step_s``, ``paused_s``,
-      ``mode_switch_s``, ``train_wall_s`` and ``final_mode``.
-    """
-    trainer, cfg = batch.trainer, batch.trainer.cfg
-    trainer.set_total_steps(steps)  # the seeds' trainers share this compiled step
-    step_fn = trainer.step.vmapped()
-    state = batch.init(steps)
-    val = jax.device_put(val)
+
+def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
+                data: Sequence[data_lib.Batches], val: list, records: list[list[dict]], *,
+                start: int, steps: int, mode_of: Callable[[int], str], progress: bool,
+                keep_at: int | None = None) -> dict[str, Any]:
+    """Steps ``start`` to ``steps`` of the batch from ``state`` (modes by ``mode_of``),
+    appending each seed's records, then its final evaluation; `train_seeds`' loop.
+    Returns the final ``state``, the clock (``t_start``, ``t_warm`` after the first step,
+    ``t_end``), ``paused`` (evaluations, diagnostics), the ``switches`` and, where
+    ``keep_at`` is given, ``kept``: a copy of the state before step ``keep_at``."""
+    cfg = batch.trainer.cfg
     k = len(batch.seeds)
-    records: list[list[dict]] = [[] for _ in range(k)]
     pending: list[tuple[int, dict]] = []
     in_flight: collections.deque = collections.deque()
-    paused, t_warm = 0.0, None
+    paused, t_warm, kept = 0.0, None, None
     switches = tl.ModeSwitches()
 
     def flush() -> None:
@@ -210,15 +218,17 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
         pending.clear()
 
     t_start = time.perf_counter()
-    feed = data_lib.DevicePrefetcher(stacked_batches(data), 0, steps, depth=tl.PREFETCH)
+    feed = data_lib.DevicePrefetcher(stacked_batches(data), start, steps, depth=tl.PREFETCH)
     try:
         for i, stacked in feed:
-            mode = trainer.step.mode(i)
+            if i == keep_at:
+                kept = _copy_state(state)
+            mode = mode_of(i)
             t_switch = switches.begin(mode, state.params)
             state, metrics = step_fn(state, stacked, mode=mode)
             switches.end(t_switch, state.params)
             done = i + 1
-            if i == 0:
+            if i == start:
                 jax.block_until_ready(state.params)
                 t_warm = time.perf_counter()
             in_flight.append(metrics["loss"])
@@ -249,30 +259,101 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     jax.block_until_ready(state.params)
     t_end = time.perf_counter()
     flush()
-    final_mode = trainer.step.mode(steps - 1)
-    final = batch.evaluate(state.params, val, final_mode)
+    final = batch.evaluate(state.params, val, mode_of(steps - 1))
     for s, v in enumerate(final):
         records[s].append({"step": steps, "val_bits_per_byte": float(v)})
+    return {"state": state, "final": [float(v) for v in final], "t_start": t_start,
+            "t_warm": t_warm, "t_end": t_end, "paused": paused, "switches": switches,
+            "kept": kept}
+
+
+def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
+                steps: int, progress: bool = False,
+                fork: train_lib.PrecisionSchedule | None = None) -> dict[str, Any]:
+    """Trains the batch's seeds for ``steps`` steps.
+
+    Args:
+      fork: another precision schedule, one that agrees with the batch's own before its
+        switch (the BF16-forward tail of the batch's recipe). The state before
+        ``fork.switch_step`` is kept, and after the batch's run a copy of it trains on
+        to ``steps`` under ``fork``'s modes, on the same batches (the data order and the
+        SR keys are the seeds'): the runs a batch on that schedule trains, shared with
+        this one up to the switch by construction, for the steps after the switch only.
+
+    Returns:
+      ``final_state`` (stacked), per seed (lists in seed order) ``final_val_bpb`` and
+      ``records`` (`train_llama.train`'s ``metrics.jsonl`` records: training metrics
+      every ``log_every`` steps, validation every ``eval_every``, diagnostics every
+      ``diag_every`` for `SeedBatch.diag_indices`), and the shared
+      ``step_time_s`` (after the first step, without the first step in a later
+      precision mode: `train_llama.ModeSwitches`), ``first_step_s``, ``paused_s``,
+      ``mode_switch_s``, ``train_wall_s`` and ``final_mode``. Given ``fork``, ``fork``
+      holds the same for the forked runs: their records are the batch's up to the switch
+      and then their own; their times are those of the steps after the switch, whose
+      first (compiling the mode's program) is their ``mode_switch_s``.
+
+    Raises:
+      ValueError: a ``fork`` that does not switch within the run, or whose modes before
+        the switch differ from the batch's.
+    """
+    trainer = batch.trainer
+    trainer.set_total_steps(steps)  # the seeds' trainers share this compiled step
+    keep_at = None
+    if fork is not None:
+        keep_at = fork.switch_step
+        if keep_at is None or not 0 < keep_at < steps or any(
+                fork.mode(i) != trainer.step.mode(i) for i in range(keep_at)):
+            raise ValueError(f"a fork switches within the run ({steps} steps) and agrees "
+                             f"with the batch's modes before its switch, got {fork}")
+    step_fn = trainer.step.vmapped()
+    val = jax.device_put(val)
+    records: list[list[dict]] = [[] for _ in batch.seeds]
+    run = _train_span(batch, step_fn, batch.init(steps), data, val, records, start=0,
+                      steps=steps, mode_of=trainer.step.mode, progress=progress,
+                      keep_at=keep_at)
+    out = _span_out(run, records, steps, trainer.step.mode(steps - 1), first=0)
+    if fork is not None:
+        if progress:
+            print(f"  fork from step {keep_at}: {fork.after} from there on", flush=True)
+        forked = [[r for r in own if r["step"] <= keep_at] for own in records]
+        run = _train_span(batch, step_fn, run["kept"], data, val, forked, start=keep_at,
+                          steps=steps, mode_of=fork.mode, progress=progress)
+        out["fork"] = _span_out(run, forked, steps, fork.mode(steps - 1), first=keep_at)
+        # The forked span's first step is its switch: it compiles the mode's program.
+        out["fork"]["mode_switch_s"] = out["fork"]["first_step_s"]
+        out["fork"]["first_step_s"] = None
+    return out
+
+
+def _span_out(run: dict[str, Any], records: list[list[dict]], steps: int, final_mode: str,
+              *, first: int) -> dict[str, Any]:
+    t_warm, t_end = run["t_warm"], run["t_end"]
     return {
-        "final_state": state, "final_val_bpb": [float(v) for v in final], "records": records,
-        "final_mode": final_mode, "paused_s": paused, "train_wall_s": t_end - t_start,
-        "first_step_s": t_warm - t_start if t_warm else None,
-        "step_time_s": switches.step_time(t_end - t_warm - paused, steps - 1) if t_warm
-        else None,
-        "mode_switch_s": switches.seconds,
+        "final_state": run["state"], "final_val_bpb": run["final"], "records": records,
+        "final_mode": final_mode, "paused_s": run["paused"],
+        "train_wall_s": t_end - run["t_start"],
+        "first_step_s": t_warm - run["t_start"] if t_warm else None,
+        "step_time_s": run["switches"].step_time(t_end - t_warm - run["paused"],
+                                                 steps - first - 1) if t_warm else None,
+        "mode_switch_s": run["switches"].seconds,
     }
 
 
 def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
                    corpus: data_lib.Corpus, *, command: str = "", progress: bool = False,
-                   programs: BatchPrograms | None = None) -> list[dict[str, Any]]:
+                   programs: BatchPrograms | None = None,
+                   forks: Sequence[Unit] = ()) -> list[dict[str, Any]]:
     """Trains ``units`` (one variant, corpus and length; distinct seeds; none finished)
     as one seed batch and writes each one's result JSON; returns the results. Given
     ``programs``, the batch runs on an earlier batch's compiled programs where they
-    serve and leaves its own there for a later one.
+    serve and leaves its own there for a later one. ``forks``, units of the
+    variant's BF16-forward-tail variant (`tail_variant`) with some of the batch's seeds,
+    are trained as a fork of the batch (`train_seeds`) and written too, each with
+    ``forked_from`` (the unit and step it shares the run with).
 
     Raises:
-      ValueError: if the units differ in more than their seed, or one has a result.
+      ValueError: if the units differ in more than their seed, one has a result, or a
+        fork unit is not the tail variant's on one of the batch's seeds.
       TooLong: if the units would read ``spec.max_epochs`` or more of their corpus.
     """
     results = Path(results)
@@ -282,9 +363,17 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
                                                          first.variant) for u in units):
         raise ValueError(f"a seed batch's units differ only in their seed, got "
                          f"{[u.name for u in units]}")
-    done = [u.name for u in units if result_path(results, u).exists()]
+    done = [u.name for u in (*units, *forks) if result_path(results, u).exists()]
     if done:
         raise ValueError(f"already finished: {done}")
+    tail = tail_variant(spec, first.variant, first.corpus) if forks else None
+    seeds = [u.seed for u in units]
+    if forks and (tail is None or any(
+            (u.corpus, u.tokens_per_param, u.variant) != (first.corpus, first.tokens_per_param,
+                                                          tail) or u.seed not in seeds
+            for u in forks)):
+        raise ValueError(f"fork units are the tail variant of {first.variant} ({tail}) on "
+                         f"the batch's seeds {seeds}, got {[u.name for u in forks]}")
     steps = spec.steps(first.tokens_per_param)
     cfgs = [spec.run_config(u) for u in units]
     data = [data_lib.Batches(corpus.train, batch=c.batch, seq=c.seq, seed=u.seed)
@@ -293,14 +382,36 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     val = data_lib.validation_batches(corpus.val, batch=cfgs[0].batch, seq=cfgs[0].seq,
                                       max_batches=cfgs[0].eval_batches)
     batch = (programs or BatchPrograms()).seed_batch(spec, units, cfgs, steps)
-    out = train_seeds(batch, data, val, steps=steps, progress=progress)
+    fork = None
+    if forks:
+        fork = train_lib.PrecisionSchedule.bf16_forward_tail(
+            total_steps=steps, fraction=spec.run_config(forks[0]).bf16_forward_tail)
+    out = train_seeds(batch, data, val, steps=steps, progress=progress, fork=fork)
+    env = environment(command)
+    written = _write_units(spec, batch, units, out, steps, epochs, corpus, results, env,
+                           val, start=0)
+    if forks:
+        index = {u.seed: i for i, u in enumerate(units)}
+        written += _write_units(
+            spec, batch, forks, out["fork"], steps, epochs, corpus, results, env, val,
+            start=fork.switch_step, positions=[index[u.seed] for u in forks],
+            forked_from={u.seed: u for u in units})
+    return written
+
+
+def _write_units(spec: StudySpec, batch: SeedBatch, units: Sequence[Unit], out: dict,
+                 steps: int, epochs: float, corpus: data_lib.Corpus, results: Path,
+                 env: dict, val: list, *, start: int, positions: Sequence[int] | None = None,
+                 forked_from: dict[int, Unit] | None = None) -> list[dict[str, Any]]:
+    """Writes the result JSON of ``units``, at ``positions`` of the batch's stacked seeds
+    (default: in order), from `train_seeds`' ``out`` (or its ``fork``, run from step
+    ``start``)."""
     extra_bf16 = None
     trainer = batch.trainer
     if spec.eval_bf16_forward and trainer.report is not None and out["final_mode"] != "bf16":
         extra_bf16 = batch.evaluate(out["final_state"].params, jax.device_put(val), "bf16")
-    env = environment(command)
     written = []
-    for s, unit in enumerate(units):
+    for unit, s in zip(units, positions or range(len(units))):
         summary = {
             "steps": steps, "epochs": epochs, "final_val_bpb": out["final_val_bpb"][s],
             "final_mode": out["final_mode"], "params": spec.model_config().param_counts(),
@@ -309,8 +420,8 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
         }
         # Times per unit: the batch's divided by its seeds (its first step, which
         # compiles, as it is); the batch's own are under "seed_batch".
-        share = 1.0 / len(units)
-        segment = {"from": 0, "to": steps,
+        share = 1.0 / len(batch.seeds)
+        segment = {"from": start, "to": steps,
                    "step_time_s": out["step_time_s"] and out["step_time_s"] * share,
                    "first_step_s": out["first_step_s"],
                    "train_wall_s": out["train_wall_s"] * share,
@@ -322,139 +433,17 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
             "mode_switch_s": out["mode_switch_s"],
             "samples_diagnostics": bool(batch.diag_indices),
             "reused_programs": batch.reused_programs}}
+        if forked_from is not None:
+            source = forked_from[unit.seed]
+            extra["forked_from"] = {"unit": source.name, "variant": source.variant,
+                                    "step": start}
+            extra["seed_batch"]["forked_from_step"] = start
         if extra_bf16 is not None:
             extra["final_val_bpb_bf16_forward"] = float(extra_bf16[s])
         result = build_result(spec, unit, summary, out["records"][s], [segment], corpus, extra)
         write_json(result_path(results, unit), result)
         written.append(result)
     return written
-
-
-def batch_plan(spec: StudySpec, results: Path, size: int, only: dict[str, set] | None = None
-               ) -> list[list[Unit]]:
-    """The unfinished units (those in ``only``) in seed batches of up to ``size``: units of
-    one length, variant and corpus, in the study's order; a lone unit left over is not
-    batched (`unit_runs.run_study` trains it)."""
-    if size < 2:
-        raise ValueError(f"a seed batch has two or more seeds, got size {size}")
-    groups: dict[tuple, list[Unit]] = {}
-    for u in spec.units():
-        if result_path(results, u).exists() or not all(
-                getattr(u, k) in v for k, v in (only or {}).items()):
-            continue
-        groups.setdefault((u.tokens_per_param, u.variant, u.corpus), []).append(u)
-    return [chunk for units in groups.values()
-            for chunk in (units[i:i + size] for i in range(0, len(units), size))
-            if len(chunk) >= 2]
-
-
-MORE_SEEDS_MARGIN = 1.1
-"""How much longer than its own smaller batch scaled up (`scaled_to_seeds`) a variant's
-batch of more seeds is assumed to take: the extrapolation's allowance for what the seed
-count's other costs (memory, the evaluations' host work) may add."""
-
-UNTIMED_VARIANT_MARGIN = 1.25
-"""How much longer than the slowest timed batch a variant with no timed batch of its own
-is assumed to take: a variant's recipe sets its cost (4/6 block scaling quantizes each
-block twice), so another variant's time is only a guide."""
-
-
-def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
-                        ) -> float | None:
-    """Seconds to allow for a batch's diagnostics samples (the first compiles the
-    diagnostics step), from the finished units of this length.
-
-    Where a seed batch sampled them and a batch of its variant did not, the largest
-    difference of their pauses (what the sampling itself cost: the evaluations are in
-    both); failing that, the longest pause of a unit that sampled them (its evaluations
-    and checkpoints included, so an upper bound); None if none did.
-    """
-    sampled, plain, unit_pauses = [], {}, []
-    for u in spec.units():
-        r = finished(results, u) if u.tokens_per_param == tokens_per_param else None
-        sb = r and r.get("seed_batch")
-        if sb and sb.get("samples_diagnostics"):
-            sampled.append((u.variant, sb["paused_s"]))
-        elif sb:
-            plain[u.variant] = min(plain.get(u.variant, math.inf), sb["paused_s"])
-        if r and r.get("diagnostics"):
-            unit_pauses.append(sb["paused_s"] if sb else paused_s(r))
-    costs = [max(p - plain[v], 0.0) for v, p in sampled if v in plain]
-    if costs:
-        return max(costs)
-    return max(unit_pauses) if unit_pauses else None
-
-
-def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *,
-                        compiled: bool = False) -> float | None:
-    """Seconds the seed batch ``units`` is expected to take, from the finished batches'
-    recorded wall times (compilation included), or None when none of its length and kind
-    (BF16 or NVFP4) ran.
-
-    The last batch of the same variant and length with the fewest seeds of those with as
-    many seeds or more; failing that, its largest batch of fewer seeds scaled up
-    (`scaled_to_seeds`) times `MORE_SEEDS_MARGIN`; failing that, times
-    `UNTIMED_VARIANT_MARGIN`, the slowest batch of the same length and seed count, or where
-    none has that seed count, the slowest batch of the length, scaled up where it had fewer
-    seeds (a batch of more seeds bounds it from above: the compilation and evaluations do
-    not shrink with the seed count). An NVFP4 variant is estimated from NVFP4 batches only:
-    with none of its length timed it gets None, like the study's first batch of a length. A
-    BF16 batch is no guide to it: the quantization passes' share of a step differs by model
-    (the noise pilot's 3-seed batches on the H200: 121 s BF16, 203 s the paper recipe,
-    1.68×, where 1.25× would have started a batch that could not finish). A batch that
-    samples diagnostics, estimated from one that did not, adds `diag_pause_estimate` (None
-    where that is unknown). Where ``compiled`` (the batch runs on an earlier batch's
-    programs: `BatchPrograms`), the own batch it is estimated from counts without its
-    compilation (its first step); otherwise batches that ran on an earlier batch's programs
-    are no guide (they compiled nothing).
-    """
-    tpp = units[0].tokens_per_param
-    timed = [(u.variant, {**sb, "compile_s": r.get("compile_s") or 0.0})
-             for u in spec.units() if u.tokens_per_param == tpp
-             for r in [finished(results, u)] if r and r.get("seed_batch")
-             for sb in [r["seed_batch"]] if compiled or not sb.get("reused_programs")]
-    n = len(units)
-    mine = [sb for v, sb in timed if v == units[0].variant]
-    own = [sb for sb in mine if len(sb["seeds"]) >= n]
-    if own:
-        # The closest size bounds it tightest: a larger batch's time would skip batches
-        # that fit (pure_llama's paper recipe: 302 s for six seeds, 184 s for three).
-        fewest = min(len(sb["seeds"]) for sb in own)
-        ref, margin = [sb for sb in own if len(sb["seeds"]) == fewest][-1], 1.0
-    elif mine:
-        ref, margin = max(mine, key=lambda sb: len(sb["seeds"])), MORE_SEEDS_MARGIN
-    else:
-        quantized = spec.variant(units[0].variant).quantized
-        kind = [sb for v, sb in timed if spec.variant(v).quantized == quantized]
-        alike = [sb for sb in kind if len(sb["seeds"]) == n] or kind
-        if not alike:
-            return None
-        ref, margin = max(alike, key=lambda sb: scaled_to_seeds(sb, n)), UNTIMED_VARIANT_MARGIN
-    # Another variant's batch never ran on this batch's programs: its compilation counts.
-    wall = scaled_to_seeds(ref, n, compiled=compiled and bool(mine))
-    if any(spec.run_config(u).diag_every for u in units) and not ref.get(
-            "samples_diagnostics", False):
-        extra = diag_pause_estimate(spec, results, tpp)
-        if extra is None:
-            return None
-        wall += extra
-    return wall * margin
-
-
-def scaled_to_seeds(batch: dict, seeds: int, *, compiled: bool = False) -> float:
-    """A finished batch's wall time (its ``seed_batch`` record with the unit's
-    ``compile_s``) with its training and evaluations (all but the compilations: the first
-    step's and a precision switch's, ``mode_switch_s``) scaled up linearly to ``seeds``
-    where it had fewer; without the compilations where ``compiled``.
-
-    Linear is an upper bound on the H200: a seed's share of a batched step shrinks as
-    seeds are added (pure_llama's paper recipe: 49.3 s per seed outside the compilation in
-    batches of three, 45.4 s in batches of five), while the compilation hardly grows
-    (49-51 s and 60 s).
-    """
-    rest = batch["train_wall_s"] - batch["compile_s"] - batch.get("mode_switch_s", 0.0)
-    scale = max(1.0, seeds / len(batch["seeds"]))
-    return rest * scale if compiled else batch["train_wall_s"] + rest * (scale - 1.0)
 
 
 def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: float,
@@ -468,7 +457,9 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     first, with the whole budget before it, or, given ``unestimated_min_s``, whenever at
     least that much time is left (the caller's bound on it). A batch whose variant, length
     and size an earlier batch of the call compiled runs on its programs (`BatchPrograms`)
-    and is estimated without a compilation. Calls
+    and is estimated without a compilation. A batch forks the `fork_units` its
+    ``only`` allows (their estimate: `fork_wall_estimate`), and a planned batch of those
+    units runs only the seeds the forks left. Calls
     ``after_batch`` after each finished batch (to hand its results off at once: a call cut
     off later keeps them). Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
@@ -477,11 +468,19 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     corpora: dict[str, data_lib.Corpus] = {}
     programs = BatchPrograms()
     done: list[dict] = []
-    for units in batch_plan(spec, results, size, only):
+    for planned in batch_plan(spec, results, size, only):
+        units = [u for u in planned if not result_path(results, u).exists()]
+        if len(units) < 2:  # forked from an earlier batch of this call
+            continue
+        forks = fork_units(spec, results, units, only)
         left = budget_s - (time.perf_counter() - t_begin)
         need = batch_wall_estimate(spec, results, units,
                                    compiled=programs.compiled(spec, units))
+        if need is not None and forks:
+            need += fork_wall_estimate(spec, results, units, need)
         names = ", ".join(u.name for u in units)
+        if forks:
+            names += f" (forking {', '.join(u.name for u in forks)})"
         if need is None and (left < unestimated_min_s if unestimated_min_s is not None
                              else bool(done)):
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} has no timed batch "
@@ -497,7 +496,7 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         print(f"[{spec.name}] seed batch {names}", flush=True)
         try:
             out = run_seed_batch(spec, units, results, corpora[corpus], command=command,
-                                 progress=progress, programs=programs)
+                                 progress=progress, programs=programs, forks=forks)
         except TooLong as e:
             print(f"SKIPPED {names}: {e}", flush=True)
             continue

@@ -204,15 +204,22 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
             cost = "0 (ends with a BF16 forward)"
         else:
             cost = f"{_pct(min(costs))} .. {_pct(max(costs))}"
-        ms = _mean([r.get("step_time_s") for r in runs.values()])
+        # A forked run (`seed_batch.train_seeds`) timed only its steps after the switch.
+        own = [r for r in runs.values() if not r.get("forked_from")]
+        forked = [r for r in runs.values() if r.get("forked_from")]
+        ms = _mean([r.get("step_time_s") for r in own])
         # Until the loops timed the tail's first step apart (`train_llama.ModeSwitches`),
         # its compilation was in the step time.
         switch_in_steps = spec.variant(v).bf16_forward_tail > 0 and any(
-            not any("mode_switch_s" in g for g in r.get("segments", ()))
-            for r in runs.values())
+            not any("mode_switch_s" in g for g in r.get("segments", ())) for r in own)
         ms_text = _fmt(ms and ms * 1e3, ".1f") + (
             " (with the tail's compilation)" if switch_in_steps and ms else "")
-        wall = _mean([r.get("train_wall_s") for r in runs.values()])
+        wall_text = _fmt(_mean([r.get("train_wall_s") for r in own]), ".0f")
+        if forked:
+            source = forked[0]["forked_from"]
+            wall_text += (f" ({len(forked)} forked from {source['variant']}'s runs at step "
+                          f"{source['step']}: "
+                          f"{_mean([r.get('train_wall_s') for r in forked]):.0f} s each)")
         seeds = ",".join(str(s) for s in sorted(runs))
         iv_v = mean_interval(vals) if vals else None
         val = "—" if iv_v is None else f"{iv_v.mean:.4f}" + (
@@ -232,7 +239,7 @@ def gap_table(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> s
         else:
             gap, interval, half = "no finished pair with BF16 yet", "—", "—"
         lines.append(f"| {v} | {seeds} | {val} | {cost} | {gap} | {interval} | "
-                     f"{half} | {ms_text} | {_fmt(wall, '.0f')} |")
+                     f"{half} | {ms_text} | {wall_text} |")
     return "\n".join(lines)
 
 
@@ -465,7 +472,11 @@ less its variant's plain batch's; failing that, the longest diagnostics pause re
 its length; none recorded: it runs unestimated). A later batch of a variant, length and
 seed count in the same call runs on the first one's compiled programs
 (`BatchPrograms`: 40-100 s less for an NVFP4 batch) and is estimated without the
-compilation. A batch's results are handed off as soon as it finishes. On the H200
+compilation. A batch of `paper` (or `four_over_six`) whose call also allows its
+BF16-forward-tail variant (`--variants paper,paper_tail`) trains that variant's missing
+seeds of the batch as a fork: from the state before the switch, only the steps after it
+(their JSON records `forked_from`; on a CPU the forked runs equal the tail variant's
+own batch bit for bit). A batch's results are handed off as soon as it finishes. On the H200
 (noise pilot, 3 seeds, pure_llama's model): BF16 42.3 ms per batched step against
 3 × 14.8 ms unbatched, the paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds
 per device second); 121 s and 203 s per batch of three units, compilation included.

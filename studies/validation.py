@@ -13,7 +13,8 @@ records besides its numbers: `unit_records`), handing the work from one device c
 the next (`study_handoff`), the report (`study_report`, on the results read and paired
 by `study_results`, their intervals from `study_stats`, its figures from
 `study_figures`); ``run --seed-batch K`` trains a variant's seeds K at a time as one
-program (`seed_batch`). docs/STUDY.md says how to run each study in device calls.
+program (`seed_batch`; which batches a call runs: `batch_plans`). docs/STUDY.md says how
+to run each study in device calls.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "examples"))
 sys.path.insert(0, os.path.join(REPO, "studies"))
 
+import batch_plans  # noqa: E402
 import data  # noqa: E402
 import handoff  # noqa: E402
 import study_handoff  # noqa: E402
@@ -401,7 +402,7 @@ def test_docstring_examples_of_the_study_modules_run():
     import seed_batch  # noqa: PLC0415
 
     for mod in (study_specs, unit_records, unit_runs, study_handoff, study_stats,
-                study_results, study_report, handoff, seed_batch):
+                study_results, study_report, handoff, seed_batch, batch_plans):
         failed, tried = doctest.testmod(mod, verbose=False)
         assert tried > 0 and failed == 0, mod.__name__
     finder = doctest.DocTestFinder()
@@ -621,7 +622,7 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
         written = unit_runs.result_path(tmp_path / "b", unit).read_text()
         assert json.loads(written) == json.loads(json.dumps(r))
     assert batched[0]["final_val_bpb"] != batched[1]["final_val_bpb"]  # two runs, not one
-    assert seed_batch.batch_plan(spec, tmp_path / "b", 2, {"variant": {"down_only"}}) == []
+    assert batch_plans.batch_plan(spec, tmp_path / "b", 2, {"variant": {"down_only"}}) == []
     with pytest.raises(ValueError, match="already finished"):
         seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus)
     cfg = spec.run_config(units[1])  # seed 1 samples diagnostics
@@ -653,6 +654,52 @@ def test_a_seed_batchs_switch_to_the_bf16_forward_tail_is_timed_apart_from_its_s
     assert results[0]["segments"][0]["mode_switch_s"] == pytest.approx(sb["mode_switch_s"] / 2)
 
 
+def test_a_forked_bf16_forward_tail_is_bit_for_bit_the_tail_variants_own_batch(
+        tmp_path, capsys, monkeypatch):
+    """`run_seed_batches` trains a variant's batch and, as a fork from the state before
+    the switch, its BF16-forward-tail variant on the same seeds; the tail units are not
+    run again. Each forked unit equals the tail variant's own batch bit for bit (training
+    and validation curves, final loss, the precision mode of every logged step), shares
+    the batch's curves up to the switch, and records where it was forked from; its times
+    are those of the steps after the switch."""
+    import seed_batch  # noqa: PLC0415
+
+    tail = dataclasses.replace(DOWN_ONLY, name="down_only_tail", bf16_forward_tail=0.5)
+    spec = dataclasses.replace(TINY, seeds=(0, 1), custom_variants=(DOWN_ONLY, tail),
+                               variants=("bf16", "down_only", "down_only_tail"))
+    assert batch_plans.tail_variant(spec, "down_only", "python") == "down_only_tail"
+    only = {"variant": {"down_only", "down_only_tail"}}
+    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: _corpus())
+    done = seed_batch.run_seed_batches(spec, tmp_path / "fork", size=2, budget_s=1e9,
+                                       only=only)
+    out = capsys.readouterr().out
+    assert out.count("seed batch") == 1 and "forking python-tpp0.003-down_only_tail-s0" in out
+    forked = {r["seed"]: r for r in done if r["variant"] == "down_only_tail"}
+    main = {r["seed"]: r for r in done if r["variant"] == "down_only"}
+    assert sorted(forked) == sorted(main) == [0, 1]
+    units = [study_specs.Unit("python", 0.003, "down_only_tail", s) for s in (0, 1)]
+    own = seed_batch.run_seed_batch(spec, units, tmp_path / "own", _corpus())
+    for r in own:
+        f = forked[r["seed"]]
+        for key in ("train_curve", "val_curve", "final_val_bpb", "final_val_bpb_bf16_forward"):
+            assert f.get(key) == r.get(key), (r["seed"], key)
+        assert [p[3] for p in f["train_curve"]][-1] == "bf16_forward"
+        assert f["forked_from"] == {"unit": main[r["seed"]]["unit"], "variant": "down_only",
+                                    "step": 4}
+        assert study_results.alike_through(f, main[r["seed"]]) == 4
+        assert f["final_val_bpb"] != main[r["seed"]]["final_val_bpb"]
+        assert f["segments"][0]["from"] == 4 and f["compile_s"] is None
+        assert f["seed_batch"]["mode_switch_s"] > 0 and f["seed_batch"]["forked_from_step"] == 4
+    table = study_report.gap_table(spec, study_results.by_group(done)[("python", 0.003)],
+                                   "python")
+    row = next(ln for ln in table.splitlines() if ln.startswith("| down_only_tail |"))
+    assert "| — | — (2 forked from down_only's runs at step 4: " in row  # no own timing
+    with pytest.raises(ValueError, match="tail variant of down_only"):
+        seed_batch.run_seed_batch(spec, [study_specs.Unit("python", 0.003, "down_only", 5),
+                                         study_specs.Unit("python", 0.003, "down_only", 6)],
+                                  tmp_path / "bad", _corpus(), forks=units)
+
+
 def _write_fake_batch(results, spec, variant, seeds, wall, *, compile_s=None, **fields):
     """Result files of a finished seed batch of ``seeds`` (Python, 10 tokens/param) whose
     ``seed_batch`` record holds ``wall`` and ``fields``, each unit ``compile_s`` if given
@@ -669,17 +716,16 @@ def _write_fake_batch(results, spec, variant, seeds, wall, *, compile_s=None, **
 def test_batch_plan_groups_a_variants_unfinished_seeds():
     """Seeds of one (length, variant, corpus) in batches of the given size; a lone
     leftover is not batched; sizes below two are refused."""
-    import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4))
-    plan = seed_batch.batch_plan(spec, "/nonexistent", 2)
+    plan = batch_plans.batch_plan(spec, "/nonexistent", 2)
     assert [[u.name for u in b] for b in plan] == [
         [f"python-tpp0.003-{v}-s{a}", f"python-tpp0.003-{v}-s{a + 1}"]
         for v in ("bf16", "down_only") for a in (0, 2)]
-    only = seed_batch.batch_plan(spec, "/nonexistent", 3, {"variant": {"bf16"}})
+    only = batch_plans.batch_plan(spec, "/nonexistent", 3, {"variant": {"bf16"}})
     assert [[u.seed for u in b] for b in only] == [[0, 1, 2], [3, 4]]
     with pytest.raises(ValueError, match="two or more"):
-        seed_batch.batch_plan(spec, "/nonexistent", 1)
+        batch_plans.batch_plan(spec, "/nonexistent", 1)
 
 
 def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path):
@@ -688,7 +734,6 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
     length scaled to its seed count, times the margin, from batches of its kind (BF16 or
     NVFP4) only; nothing of its kind timed at the length gives None (the batch runs
     unestimated, as a call's first)."""
-    import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4), tokens_per_param=(10.0,),
                                variants=("bf16", "paper", "four_over_six", "no_sr"),
@@ -700,23 +745,54 @@ def test_batch_wall_estimate_reads_the_finished_batches_conservatively(tmp_path)
     def units(variant, seeds):
         return [study_specs.Unit("python", 10.0, variant, s) for s in seeds]
 
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (0, 1))) is None
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, units("paper", (0, 1))) is None
     batch("bf16", (0, 1), 90.0)
-    assert seed_batch.batch_wall_estimate(  # only BF16 timed: no guide to NVFP4
+    assert batch_plans.batch_wall_estimate(  # only BF16 timed: no guide to NVFP4
         spec, tmp_path, units("paper", (0, 1))) is None
     batch("paper", (0, 1, 2), 200.0)
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, units("paper", (3, 4))) == 200.0
-    margin = seed_batch.UNTIMED_VARIANT_MARGIN
-    assert seed_batch.batch_wall_estimate(
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, units("paper", (3, 4))) == 200.0
+    margin = batch_plans.UNTIMED_VARIANT_MARGIN
+    assert batch_plans.batch_wall_estimate(
         spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
-    assert seed_batch.batch_wall_estimate(  # 4 seeds: the 3-seed batch scaled by 4/3
+    assert batch_plans.batch_wall_estimate(  # 4 seeds: the 3-seed batch scaled by 4/3
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(
             200.0 * 4 / 3 * margin)
     batch("no_sr", (0, 1, 2, 3, 4), 400.0)  # slower, but of more seeds than asked
-    assert seed_batch.batch_wall_estimate(
+    assert batch_plans.batch_wall_estimate(
         spec, tmp_path, units("four_over_six", (0, 1, 2))) == pytest.approx(200.0 * margin)
-    assert seed_batch.batch_wall_estimate(  # no 4-seed batch: the 5-seed one bounds it
+    assert batch_plans.batch_wall_estimate(  # no 4-seed batch: the 5-seed one bounds it
         spec, tmp_path, units("four_over_six", (0, 1, 2, 3))) == pytest.approx(400.0 * margin)
+
+
+def test_forks_follow_the_calls_restrictions_and_are_estimated_from_a_timed_fork(tmp_path):
+    """A batch forks the tail variant's unfinished units on its seeds that the call's
+    ``only`` allows (none where it excludes the tail variant, none for a variant without
+    one). Untimed, a fork is estimated as the tail's share of the batch plus the longest
+    precision switch recorded at the length; once a fork of as many seeds ran, by its
+    wall time; and a forked unit is never taken for a whole batch of its variant."""
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "paper_tail", "no_sr"),
+                               custom_variants=())
+    units = [study_specs.Unit("python", 10.0, "paper", s) for s in (0, 1, 2)]
+    tails = [study_specs.Unit("python", 10.0, "paper_tail", s) for s in (0, 1, 2)]
+    _write_fake_batch(tmp_path, spec, "paper_tail", (0,), 250.0, mode_switch_s=30.0)
+    assert batch_plans.fork_units(spec, tmp_path, units) == tails[1:]
+    assert batch_plans.fork_units(spec, tmp_path, units, {"variant": {"paper"}}) == []
+    assert batch_plans.fork_units(
+        spec, tmp_path, [study_specs.Unit("python", 10.0, "no_sr", s) for s in (0, 1)]) == []
+    share = spec.variant("paper_tail").bf16_forward_tail
+    assert batch_plans.fork_wall_estimate(spec, tmp_path, units, 200.0) == pytest.approx(
+        share * 200.0 + 30.0)
+    _write_fake_batch(tmp_path, spec, "paper_tail", (1, 2, 3), 70.0, forked_from_step=8)
+    for s in (1, 2, 3):
+        path = unit_runs.result_path(tmp_path, study_specs.Unit("python", 10.0, "paper_tail", s))
+        r = json.loads(path.read_text())
+        r["forked_from"] = {"unit": f"python-tpp10-paper-s{s}", "variant": "paper", "step": 8}
+        unit_runs.write_json(path, r)
+    assert batch_plans.fork_wall_estimate(spec, tmp_path, units, 200.0) == 70.0
+    # The 1-seed batch scaled to two (its switch counted once), not the 70 s fork.
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, tails[:2]) == pytest.approx(
+        (250.0 + 220.0) * batch_plans.MORE_SEEDS_MARGIN)
 
 
 def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_compilation(
@@ -727,7 +803,6 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
     time is no guide where its own is known), and the compilation counted once; without
     it where the batch runs on compiled programs. A batch of fewer seeds takes the own
     batch of the closest larger or equal size."""
-    import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=tuple(range(12)), tokens_per_param=(10.0,),
                                variants=("bf16", "paper", "four_over_six"),
@@ -742,16 +817,16 @@ def test_a_larger_batch_of_a_timed_variant_scales_its_own_batch_without_the_comp
     batch("paper", (0, 1, 2), 200.0, 50.0)
     batch("paper", (3, 4, 5, 6, 7), 285.0, 60.0)  # the largest own batch: the guide
     six = [unit("paper", s) for s in range(6, 12)]
-    margin = seed_batch.MORE_SEEDS_MARGIN
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, six) == pytest.approx(
+    margin = batch_plans.MORE_SEEDS_MARGIN
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, six) == pytest.approx(
         (60.0 + 225.0 * 6 / 5) * margin)
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, six, compiled=True) == (
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, six, compiled=True) == (
         pytest.approx(225.0 * 6 / 5 * margin))
-    assert seed_batch.batch_wall_estimate(  # as many seeds as an own batch: as it took
+    assert batch_plans.batch_wall_estimate(  # as many seeds as an own batch: as it took
         spec, tmp_path, six[:5]) == 285.0
-    assert seed_batch.batch_wall_estimate(  # fewer: the closest own size, not the last
+    assert batch_plans.batch_wall_estimate(  # fewer: the closest own size, not the last
         spec, tmp_path, six[:3]) == 200.0
-    assert seed_batch.batch_wall_estimate(  # BF16, nothing of its kind timed: no guide
+    assert batch_plans.batch_wall_estimate(  # BF16, nothing of its kind timed: no guide
         spec, tmp_path, [unit("bf16", s) for s in range(3)]) is None
 
 
@@ -759,15 +834,14 @@ def test_scaling_a_batch_to_more_seeds_leaves_its_compilations_unscaled():
     """Only the training and evaluations grow with the seed count: the first step's
     compilation and the tail's (``mode_switch_s``) count once, and not at all on
     compiled programs; a batch without a tail (no ``mode_switch_s``) scales as before."""
-    import seed_batch  # noqa: PLC0415
 
     tail = {"seeds": [0, 1, 2], "train_wall_s": 300.0, "compile_s": 50.0,
             "mode_switch_s": 40.0}
-    assert seed_batch.scaled_to_seeds(tail, 6) == 300.0 + 210.0
-    assert seed_batch.scaled_to_seeds(tail, 6, compiled=True) == 420.0
-    assert seed_batch.scaled_to_seeds(tail, 3) == 300.0
+    assert batch_plans.scaled_to_seeds(tail, 6) == 300.0 + 210.0
+    assert batch_plans.scaled_to_seeds(tail, 6, compiled=True) == 420.0
+    assert batch_plans.scaled_to_seeds(tail, 3) == 300.0
     plain = {"seeds": [0, 1, 2], "train_wall_s": 300.0, "compile_s": 50.0}
-    assert seed_batch.scaled_to_seeds(plain, 6) == 550.0
+    assert batch_plans.scaled_to_seeds(plain, 6) == 550.0
 
 
 def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path):
@@ -777,7 +851,6 @@ def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path
     a BF16 batch (no diagnostics) is estimated as before. Once a seed batch has sampled
     them, the allowance is its pause less that of its variant's batch that did not (the
     sampling's own cost), not the unbatched unit's whole pause."""
-    import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3, 4, 5, 6), tokens_per_param=(10.0,),
                                variants=("bf16", "paper", "no_sr"), custom_variants=(),
@@ -798,30 +871,29 @@ def test_a_batch_that_samples_diagnostics_is_estimated_with_their_pause(tmp_path
         write("bf16", s, seeds=(0, 1, 2), wall=120.0, paused=8.0)
     assert spec.run_config(unit("paper", 3)).diag_every > 0
     assert spec.run_config(unit("bf16", 3)).diag_every == 0
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, [unit("paper", s) for s in (3, 4)]
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, [unit("paper", s) for s in (3, 4)]
                                           ) is None
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, [unit("bf16", s) for s in (3, 4)]
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, [unit("bf16", s) for s in (3, 4)]
                                           ) == 120.0
     write("no_sr", 0, paused=130.0, diag=True)  # an unbatched unit that sampled them
-    assert seed_batch.batch_wall_estimate(
+    assert batch_plans.batch_wall_estimate(
         spec, tmp_path, [unit("paper", s) for s in (3, 4)]) == pytest.approx(330.0)
-    assert seed_batch.batch_wall_estimate(  # no seed of this batch samples diagnostics
+    assert batch_plans.batch_wall_estimate(  # no seed of this batch samples diagnostics
         spec, tmp_path, [unit("paper", s) for s in (4, 6)]) == 200.0
     for s in (3, 4, 5):
         write("paper", s, seeds=(3, 4, 5), wall=260.0, paused=70.0, diag=True)
-    assert seed_batch.diag_pause_estimate(spec, tmp_path, 10.0) == 60.0  # 70 - 10
-    assert seed_batch.batch_wall_estimate(  # the last own batch sampled them: as it took
+    assert batch_plans.diag_pause_estimate(spec, tmp_path, 10.0) == 60.0  # 70 - 10
+    assert batch_plans.batch_wall_estimate(  # the last own batch sampled them: as it took
         spec, tmp_path, [unit("paper", s) for s in (5, 6)]) == 260.0
-    assert seed_batch.batch_wall_estimate(  # an untimed variant: slowest x margin, and
+    assert batch_plans.batch_wall_estimate(  # an untimed variant: slowest x margin, and
         spec, tmp_path, [unit("no_sr", s) for s in (3, 4, 5)]) == pytest.approx(
-            260.0 * seed_batch.UNTIMED_VARIANT_MARGIN)  # the slowest sampled them
+            260.0 * batch_plans.UNTIMED_VARIANT_MARGIN)  # the slowest sampled them
 
 
 def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_path):
     """A batch that runs on an earlier batch's programs is estimated as its own variant's
     last batch less that batch's compilation; a fresh batch is never estimated from a
     batch that ran on reused programs (it compiled nothing)."""
-    import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=tuple(range(9)), tokens_per_param=(10.0,),
                                variants=("bf16", "paper"), custom_variants=(),
@@ -834,11 +906,11 @@ def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_p
 
     write((0, 1, 2), 200.0, 50.0, False)
     batch = [unit(s) for s in (6, 7, 8)]
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch) == 200.0
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.0
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch) == 200.0
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.0
     write((3, 4, 5), 151.0, 0.5, True)  # the last own batch, on the first one's programs
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch) == 200.0
-    assert seed_batch.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.5
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch) == 200.0
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.5
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
