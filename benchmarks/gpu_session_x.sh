@@ -12,11 +12,15 @@
 # studies/autotune_picks.textproto holds whole: if it trains as they did up to its switch,
 # its difference from them is the tail's alone (as on prose: -1.10% [-1.15, -1.05]).
 # Calls 1-2 bring the headline pair on Python to 38 seeds (the sd over 32 pairs, 0.88 pp,
-# needs ~36 for a ±0.3 pp interval). Call 3 adds seeds to the ablations, which at 3 seeds
-# each all sit below the full recipe, against the issue's expectation, unresolved.
-# Estimates (`batch_plans.batch_wall_estimate` on the committed results): paper_tail in
-# three ~220 s, BF16 in three ~120 s, paper in six 310 s, no_2d and no_sr in three
-# ~190 s; the replay ~145 s.
+# needs ~36 for a ±0.3 pp interval); call 2's paper batch also trains paper_tail on its
+# seeds as a fork (`seed_batch.train_seeds`: the steps after the switch only). Call 3
+# adds 4/6 seeds with 4/6-tail forked from them (the best variant so far, 3 seeds), then
+# ablation seeds if time is left (at 3 seeds each they all sit below the full recipe,
+# against the issue's expectation, unresolved).
+# Estimates (`batch_plans.batch_wall_estimate`, `fork_wall_estimate` on the committed
+# results): paper_tail in three ~225 s, BF16 in three ~117 s, paper in six ~307 s and its
+# fork ~150 s (less once call 1's tail has timed its switch), 4/6 in three ~330 s; the
+# replay ~145 s.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case ${1:?call 1, 2 or 3} in
   1)  # replay, then Python paper_tail s29-31 (~220 s) and BF16 s32-34 (~120 s)
@@ -35,10 +39,12 @@ case ${1:?call 1, 2 or 3} in
     gzip -f "$OUT/autotune/0-replay.textproto"
     bash benchmarks/gpu_studies_call.sh $((596 - SECONDS)) \
       pure_llama:paper_tail:python:29,30,31:3 pure_llama:bf16:python:32,33,34:3 ;;
-  2)  # Python pairs to seed 37: paper s32-37 (~310 s), BF16 s35-37 (~120 s)
-    bash benchmarks/gpu_studies_call.sh 596 pure_llama:paper:python:32,33,34,35,36,37:6 \
+  2)  # Python pairs to seed 37: paper s32-37 forking paper_tail, BF16 s35-37
+    bash benchmarks/gpu_studies_call.sh 596 \
+      pure_llama:paper,paper_tail:python:32,33,34,35,36,37:6 \
       pure_llama:bf16:python:35,36,37:3 ;;
-  3)  # ablation seeds 3-5 on Python: no_2d (~190 s), no_sr (~190 s), no_rht if it fits
-    bash benchmarks/gpu_studies_call.sh "${2:-520}" pure_llama:no_2d:python:3,4,5:3 \
-      pure_llama:no_sr:python:3,4,5:3 pure_llama:no_rht:python:3,4,5:3 ;;
+  3)  # what call 2 left; 4/6 s3-5 forking 4/6-tail; no_2d s3-5 if it fits
+    bash benchmarks/gpu_studies_call.sh "${2:-520}" pure_llama:bf16:python:35,36,37:3 \
+      pure_llama:four_over_six,four_over_six_tail:python:3,4,5:3 \
+      pure_llama:no_2d:python:3,4,5:3 ;;
 esac

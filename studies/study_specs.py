@@ -319,7 +319,7 @@ STUDIES = {s.name: s for s in (
         name="pure_llama", item="1, 2, 5",
         title=("Pure transformer (the Llama example) at learning rate 1e-3, two corpora, "
                "nine recipes on Python and four on prose, eight seeds (forty for the "
-               "headline gap on Python, thirty on prose)"),
+               "headline gap and its BF16-forward tail on Python, thirty on prose)"),
         model=LlamaConfig(dim=256, layers=8, heads=4, hidden=768),
         corpora=("python", "prose"), tokens_per_param=(10.0,), variants=tuple(VARIANTS),
         seeds=tuple(range(8)), lr=1e-3,
@@ -331,8 +331,10 @@ STUDIES = {s.name: s for s in (
         # at the first 8, which had planned 18), 0.77 pp on prose (3 seeds): a ±0.3 pp
         # interval needs ~38 and ~28 paired seeds (docs/STUDY.md): ~105 units more from
         # here, ~80 min of H200 time in batches of six (~91 s a pair per seed).
-        unit_seeds=(*(("python", v, tuple(range(40))) for v in ("bf16", "paper")),
-                    *(("prose", v, tuple(range(30))) for v in ("bf16", "paper"))),
+        # The paper recipe's BF16-forward-tail variant has as many: a paper batch trains
+        # it on its seeds as a fork, for the last 18% of the steps (`seed_batch`).
+        unit_seeds=(*(("python", v, tuple(range(40))) for v in ("bf16", "paper", "paper_tail")),
+                    *(("prose", v, tuple(range(30))) for v in ("bf16", "paper", "paper_tail"))),
         # The paper recipe's seed 0 ran in a seed batch before batches sampled
         # diagnostics: its seed 8 samples them (item 5). The prose runs replicate gaps
         # and sample none: in a batch the diagnostics cost ~1-2 min of H200 time (their
