@@ -86,7 +86,7 @@ def diag_pause_estimate(spec: StudySpec, results: Path, tokens_per_param: float
     sampled, plain, unit_pauses = [], {}, []
     for u in spec.units():
         r = finished(results, u) if u.tokens_per_param == tokens_per_param else None
-        sb = r and r.get("seed_batch")
+        sb = r and not r.get("forked_from") and r.get("seed_batch")  # a fork: part of a run
         if sb and sb.get("samples_diagnostics"):
             sampled.append((u.variant, sb["paused_s"]))
         elif sb:
