@@ -36,7 +36,8 @@ case ${1:?call 1, 2 or 3} in
     echo "== replay: rc=$?, $SECONDS s into the call"
     tail -c 1200 /tmp/replay.log
     python3 studies/validation.py repeats pure_llama --results /tmp/replay
-    if [ -f "$OUT/autotune/0-replay.textproto" ]; then gzip -f "$OUT/autotune/0-replay.textproto"; fi
+    PICKS="$OUT/autotune/0-replay.textproto"
+    if [ -f "$PICKS" ]; then gzip -f "$PICKS"; fi
     bash benchmarks/gpu_studies_call.sh $((596 - SECONDS)) \
       pure_llama:paper_tail:python:29,30,31:3 pure_llama:bf16:python:32,33,34:3 ;;
   2)  # Python pairs to seed 37: paper s32-37 forking paper_tail, BF16 s35-37
