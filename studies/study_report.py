@@ -40,9 +40,10 @@ from study_stats import WIDE_PP, Interval, mean_interval, seeds_for_half_width
 def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
     """Each NVFP4 variant's validation loss relative to `FULL_RECIPE`'s on the same seeds:
     mean, 95% interval, the verdict the interval allows, and the evaluation step through
-    which all the shared seeds' runs equal the full recipe's (`alike_through`) (a markdown
-    table; empty when no variant other than BF16 and the full recipe shares two seeds
-    with it).
+    which the shared seeds' runs equal the full recipe's (`alike_through`; the earliest
+    over the seeds that equal it at the first evaluation, with their count where others
+    do not) (a markdown table; empty when no variant other than BF16 and the full recipe
+    shares two seeds with it).
 
     Pairing with the full recipe on shared seeds, rather than comparing two gaps to BF16
     averaged over different seed sets, keeps the seed set from deciding the comparison
@@ -58,7 +59,9 @@ def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus:
                    "better than the full recipe" if hi < 0 else "not resolved")
         seeds = ",".join(str(s) for s in by_seed)
         alike = [alike_through(variants[v][s], variants[FULL_RECIPE][s]) for s in by_seed]
-        through = "—" if None in alike else f"step {min(alike)}"
+        equal = [a for a in alike if a is not None]
+        through = "—" if not equal else f"step {min(equal)}" + (
+            f" ({len(equal)} of {len(alike)} seeds)" if len(equal) < len(alike) else "")
         rows.append(f"| {v} | {seeds} | {_pct(iv.mean)} | {_interval_text(iv)} | {verdict} "
                     f"| {through} |")
     if not rows:
@@ -344,10 +347,13 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
         if against:
             lines += [f"Each variant against the full recipe (`{FULL_RECIPE}`), paired by "
                       "seed (negative: lower validation loss than the full recipe). The "
-                      "last column is the evaluation through which every shared seed's "
-                      "validation values equal the full recipe's bit for bit: a variant "
+                      "last column is the evaluation through which the shared seeds' "
+                      "validation values equal the full recipe's bit for bit (with the "
+                      "count of such seeds where some differ from the start): a variant "
                       "with a late switch differs from it by the switch alone only where "
-                      "that reaches the switch. On the H200, variants run in different "
+                      "that reaches the switch, as a run forked from the full recipe's "
+                      "batch (`forked_from`) does by construction. On the H200, variants "
+                      "run in different "
                       "sessions part early even where the code that trains them is "
                       "unchanged (a CPU repeats them bit for bit). The likely cause is "
                       "XLA's autotuning: two processes that compiled one program picked "

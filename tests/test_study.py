@@ -268,6 +268,33 @@ def test_the_quantized_forwards_cost_is_reported_per_seed_and_checks_a_zero_gap(
     assert "bug signal" in one_free and "the quantization is active" not in one_free
 
 
+def test_the_full_recipe_comparison_says_through_which_step_the_runs_are_equal():
+    """The last column of the table against the full recipe: the last evaluation through
+    which the shared seeds' validation curves equal the full recipe's (the earliest over
+    seeds), counting the seeds that do where some part from the first evaluation, and a
+    dash where none does."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="alike", seeds=SEEDS,
+                               variants=("bf16", "paper", "paper_tail"))
+
+    def row(parted):
+        out = []
+        for sd in SEEDS:
+            out.append(_fake_result(spec, "bf16", sd, BF16_VALS[sd]))
+            paper = _fake_result(spec, "paper", sd, BF16_VALS[sd] * 1.03)
+            tail = _fake_result(spec, "paper_tail", sd, BF16_VALS[sd] * 1.02)
+            tail["val_curve"][0] = list(paper["val_curve"][0])  # equal through step 50
+            if sd in parted:
+                tail["val_curve"][0][2] += 1e-4
+            out += [paper, tail]
+        variants = study_results.by_group(out)[("python", 10.0)]
+        table = study_report.against_full_recipe(spec, variants, "python")
+        return next(ln for ln in table.splitlines() if ln.startswith("| paper_tail |"))
+
+    assert row(()).endswith("| step 50 |")
+    assert row((2,)).endswith("| step 50 (2 of 3 seeds) |")
+    assert row(SEEDS).endswith("| — |")
+
+
 def test_goals_section_reads_the_growth_with_run_length_from_its_welch_interval():
     """Item 4's verdict: the full recipe's gap at the longest run length minus at the
     shortest, with `difference_interval`'s Welch interval, "grows" when it lies above
