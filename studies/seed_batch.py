@@ -500,11 +500,13 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         except TooLong as e:
             print(f"SKIPPED {names}: {e}", flush=True)
             continue
-        sb = out[0]["seed_batch"]
-        print(f"[{spec.name}] finished: val bpb "
-              + " ".join(f"{r['final_val_bpb']:.4f}" for r in out)
-              + f"; {sb['step_time_s'] * 1e3:.1f} ms per batched step, "
-              f"{sb['train_wall_s']:.0f}s", flush=True)
+        for part in (out[:len(units)], out[len(units):]):  # the batch's runs, the forks'
+            if part:
+                sb = part[0]["seed_batch"]
+                print(f"[{spec.name}] finished{' (forks)' if part[0].get('forked_from') else ''}"
+                      ": val bpb " + " ".join(f"{r['final_val_bpb']:.4f}" for r in part)
+                      + f"; {sb['step_time_s'] * 1e3:.1f} ms per batched step, "
+                      f"{sb['train_wall_s']:.0f}s", flush=True)
         done += out
         if after_batch is not None:
             after_batch()

@@ -701,6 +701,7 @@ def test_a_forked_bf16_forward_tail_is_bit_for_bit_the_tail_variants_own_batch(
                                        only=only)
     out = capsys.readouterr().out
     assert out.count("seed batch") == 1 and "forking python-tpp0.003-down_only_tail-s0" in out
+    assert out.count("finished: val bpb") == out.count("finished (forks): val bpb") == 1
     forked = {r["seed"]: r for r in done if r["variant"] == "down_only_tail"}
     main = {r["seed"]: r for r in done if r["variant"] == "down_only"}
     assert sorted(forked) == sorted(main) == [0, 1]
