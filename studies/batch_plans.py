@@ -171,8 +171,8 @@ def fork_units(spec: StudySpec, results: Path, units: Sequence[Unit],
 
 def fork_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit],
                        batch_s: float) -> float:
-    """Seconds a fork adds to a batch estimated at ``batch_s``: the forked runs of a
-    finished batch of this variant, length and seed count where one was timed, else the
+    """Seconds a fork adds to a batch estimated at ``batch_s``: the longest fork of a
+    finished batch of this variant and length with as many seeds or more, else the
     share of the steps after the switch of ``batch_s`` plus the longest compilation of a
     precision switch recorded at this length (a whole batch's compilation if none was)."""
     first = units[0]
