@@ -3,6 +3,11 @@
 # Afterwards, here, for each call: python studies/validation.py unpack pure_llama --from
 # FILES_AT/pure_llama; report. Call 1's replay goes to a scratch folder, never into
 # studies/results: unpack pure_llama --results /tmp/replay --from FILES_AT/replay.
+# Record the calls as benchmarks/results/2026-12-0X-h200v/README.md with their autotune/
+# dumps, and add the programs new to the committed picks (the committed file first, so
+# that no program's pick changes):
+#   python benchmarks/autotune_picks.py merge studies/autotune_picks.textproto \
+#     studies/autotune_picks.textproto FILES_AT/autotune/*.textproto.gz
 #
 # Call 1 first replays prose BF16 s6-8 (the seventeenth session's call 4) with that
 # process's own autotuning picks loaded, and says whether the replay repeats it bit for
