@@ -87,11 +87,17 @@ def alike_through(a: dict, b: dict) -> int | None:
         >>> alike_through(run(2.0, 1.5, 1.2), run(2.0, 1.5, 1.1))
         2
     """
+    return _equal_through(a["val_curve"], b["val_curve"], 2)
+
+
+def _equal_through(rows: list, other: list, column: int) -> int | None:
+    """The step (a row's first entry) of the last row through which two curves' values
+    in ``column`` are equal from the first row on; None where the first rows differ."""
     step = None
-    for (s, _, x), (_, _, y) in zip(a["val_curve"], b["val_curve"]):
-        if x != y:
+    for row, twin in zip(rows, other):
+        if row[column] != twin[column]:
             break
-        step = s
+        step = row[0]
     return step
 
 
@@ -117,11 +123,7 @@ def repeats(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[s
         if e is None:
             continue
         val = alike_through(r, e)
-        train = None
-        for (s, x, *_), (_, y, *_) in zip(r["train_curve"], e["train_curve"]):
-            if x != y:
-                break
-            train = s
+        train = _equal_through(r["train_curve"], e["train_curve"], 1)
         whole = r["val_curve"] == e["val_curve"] and r["train_curve"] == e["train_curve"]
         same += whole
         lines.append(f"{r['unit']}: validation equal through step {val or 'none'} of "

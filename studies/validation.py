@@ -136,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     spec = STUDIES[a.study]
-    results = Path(a.results) if a.results else REPO / "studies" / "results" / spec.name
+    committed = REPO / "studies" / "results" / spec.name
+    results = Path(a.results) if a.results else committed
     if a.cmd == "repeats":
-        against = Path(a.against) if a.against else REPO / "studies" / "results" / spec.name
+        against = Path(a.against) if a.against else committed
         print("\n".join(repeats(load_results(spec, results), load_results(spec, against))))
         return 0
     if a.cmd == "unpack":
