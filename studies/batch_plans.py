@@ -164,8 +164,9 @@ def fork_units(spec: StudySpec, results: Path, units: Sequence[Unit],
     tail = tail_variant(spec, first.variant, first.corpus)
     if tail is None:
         return []
+    planned = set(spec.units())
     return [t for u in units for t in [Unit(u.corpus, u.tokens_per_param, tail, u.seed)]
-            if t in spec.units() and not result_path(results, t).exists()
+            if t in planned and not result_path(results, t).exists()
             and all(getattr(t, k) in v for k, v in (only or {}).items())]
 
 

@@ -200,9 +200,8 @@ def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
                 keep_at: int | None = None) -> dict[str, Any]:
     """Steps ``start`` to ``steps`` of the batch from ``state`` (modes by ``mode_of``),
     appending each seed's records, then its final evaluation; `train_seeds`' loop.
-    Returns the final ``state``, the clock (``t_start``, ``t_warm`` after the first step,
-    ``t_end``), ``paused`` (evaluations, diagnostics), the ``switches`` and, where
-    ``keep_at`` is given, ``kept``: a copy of the state before step ``keep_at``."""
+    Returns `train_seeds`' keys for the span and, where ``keep_at`` is given,
+    ``kept``: a copy of the state before step ``keep_at``."""
     cfg = batch.trainer.cfg
     k = len(batch.seeds)
     pending: list[tuple[int, dict]] = []
@@ -259,12 +258,18 @@ def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
     jax.block_until_ready(state.params)
     t_end = time.perf_counter()
     flush()
-    final = batch.evaluate(state.params, val, mode_of(steps - 1))
+    final_mode = mode_of(steps - 1)
+    final = batch.evaluate(state.params, val, final_mode)
     for s, v in enumerate(final):
         records[s].append({"step": steps, "val_bits_per_byte": float(v)})
-    return {"state": state, "final": [float(v) for v in final], "t_start": t_start,
-            "t_warm": t_warm, "t_end": t_end, "paused": paused, "switches": switches,
-            "kept": kept}
+    return {
+        "final_state": state, "final_val_bpb": [float(v) for v in final], "records": records,
+        "final_mode": final_mode, "paused_s": paused, "train_wall_s": t_end - t_start,
+        "first_step_s": t_warm - t_start if t_warm else None,
+        "step_time_s": switches.step_time(t_end - t_warm - paused, steps - start - 1)
+        if t_warm else None,
+        "mode_switch_s": switches.seconds, "kept": kept,
+    }
 
 
 def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *,
@@ -308,35 +313,21 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
     step_fn = trainer.step.vmapped()
     val = jax.device_put(val)
     records: list[list[dict]] = [[] for _ in batch.seeds]
-    run = _train_span(batch, step_fn, batch.init(steps), data, val, records, start=0,
+    out = _train_span(batch, step_fn, batch.init(steps), data, val, records, start=0,
                       steps=steps, mode_of=trainer.step.mode, progress=progress,
                       keep_at=keep_at)
-    out = _span_out(run, records, steps, trainer.step.mode(steps - 1), first=0)
+    kept = out.pop("kept")
     if fork is not None:
         if progress:
             print(f"  fork from step {keep_at}: {fork.after} from there on", flush=True)
         forked = [[r for r in own if r["step"] <= keep_at] for own in records]
-        run = _train_span(batch, step_fn, run["kept"], data, val, forked, start=keep_at,
-                          steps=steps, mode_of=fork.mode, progress=progress)
-        out["fork"] = _span_out(run, forked, steps, fork.mode(steps - 1), first=keep_at)
+        out["fork"] = _train_span(batch, step_fn, kept, data, val, forked, start=keep_at,
+                                  steps=steps, mode_of=fork.mode, progress=progress)
+        del out["fork"]["kept"]
         # The forked span's first step is its switch: it compiles the mode's program.
         out["fork"]["mode_switch_s"] = out["fork"]["first_step_s"]
         out["fork"]["first_step_s"] = None
     return out
-
-
-def _span_out(run: dict[str, Any], records: list[list[dict]], steps: int, final_mode: str,
-              *, first: int) -> dict[str, Any]:
-    t_warm, t_end = run["t_warm"], run["t_end"]
-    return {
-        "final_state": run["state"], "final_val_bpb": run["final"], "records": records,
-        "final_mode": final_mode, "paused_s": run["paused"],
-        "train_wall_s": t_end - run["t_start"],
-        "first_step_s": t_warm - run["t_start"] if t_warm else None,
-        "step_time_s": run["switches"].step_time(t_end - t_warm - run["paused"],
-                                                 steps - first - 1) if t_warm else None,
-        "mode_switch_s": run["switches"].seconds,
-    }
 
 
 def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
