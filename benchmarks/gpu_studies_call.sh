@@ -13,8 +13,8 @@
 # (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls.
 # Each process loads the committed picks, studies/autotune_picks.textproto (where it is
 # there): a program they cover gets the same kernels in every process and session, so
-# that a run of one seed can repeat bit for bit (not yet verified on the GPU: see
-# benchmarks/gpu_session_x.sh's replay); XLA tunes the programs they do not cover anew
+# that a run of one seed repeats bit for bit (shown on the H200 in
+# benchmarks/results/2026-12-02-h200v); XLA tunes the programs they do not cover anew
 # (merge those processes' dumps into it: `autotune_picks.py merge`, first pick kept).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1

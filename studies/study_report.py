@@ -354,14 +354,16 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "that reaches the switch, as a run forked from the full recipe's "
                       "batch (`forked_from`) does by construction. On the H200, variants "
                       "run in different "
-                      "sessions part early even where the code that trains them is "
-                      "unchanged (a CPU repeats them bit for bit). The likely cause is "
-                      "XLA's autotuning: two processes that compiled one program picked "
-                      "other kernels for some of its GEMMs, which may order their sums "
-                      "otherwise (benchmarks/results/2026-12-02-h200u). Runs of later "
-                      "sessions load one committed set of picks "
+                      "sessions parted early, though the code that trains them was "
+                      "unchanged (a CPU repeats them bit for bit). The cause is XLA's "
+                      "autotuning: two processes that compiled one program picked other "
+                      "kernels for some of its GEMMs, which order their sums otherwise "
+                      "(benchmarks/results/2026-12-02-h200u). Since the eighteenth "
+                      "session every run loads one committed set of picks "
                       "(`studies/autotune_picks.textproto`; each result's "
-                      "`environment.xla_flags` says whether it did):", "",
+                      "`environment.xla_flags` says whether it did), and runs of one "
+                      "seed repeat bit for bit across processes and sessions "
+                      "(benchmarks/results/2026-12-02-h200v):", "",
                       against, ""]
         along = gap_along_training(variants)
         if along:
