@@ -178,15 +178,14 @@ def fork_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit],
     precision switch recorded at this length (a whole batch's compilation if none was)."""
     first = units[0]
     tail = tail_variant(spec, first.variant, first.corpus)
-    forked = [r["seed_batch"] for u in spec.units()
-              if u.variant == tail and u.tokens_per_param == first.tokens_per_param
-              for r in [finished(results, u)] if r and r.get("forked_from")
+    batches = [(u.variant, r) for u in spec.units()
+               if u.tokens_per_param == first.tokens_per_param
+               for r in [finished(results, u)] if r and r.get("seed_batch")]
+    forked = [r["seed_batch"] for v, r in batches if v == tail and r.get("forked_from")
               and len(r["seed_batch"]["seeds"]) >= len(units)]
     if forked:
         return max(sb["train_wall_s"] for sb in forked)
-    switches = [r["seed_batch"].get("mode_switch_s") or 0.0 for u in spec.units()
-                if u.tokens_per_param == first.tokens_per_param
-                for r in [finished(results, u)] if r and r.get("seed_batch")]
+    switches = [r["seed_batch"].get("mode_switch_s") or 0.0 for _, r in batches]
     compile_s = max(switches, default=0.0) or 0.3 * batch_s
     return spec.variant(tail).bf16_forward_tail * batch_s + compile_s
 

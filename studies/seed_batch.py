@@ -350,8 +350,11 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     first = units[0]
-    if any((u.corpus, u.tokens_per_param, u.variant) != (first.corpus, first.tokens_per_param,
-                                                         first.variant) for u in units):
+
+    def run_of(u: Unit) -> tuple:  # all but the seed
+        return u.corpus, u.tokens_per_param, u.variant
+
+    if any(run_of(u) != run_of(first) for u in units):
         raise ValueError(f"a seed batch's units differ only in their seed, got "
                          f"{[u.name for u in units]}")
     done = [u.name for u in (*units, *forks) if result_path(results, u).exists()]
@@ -360,8 +363,7 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     tail = tail_variant(spec, first.variant, first.corpus) if forks else None
     seeds = [u.seed for u in units]
     if forks and (tail is None or any(
-            (u.corpus, u.tokens_per_param, u.variant) != (first.corpus, first.tokens_per_param,
-                                                          tail) or u.seed not in seeds
+            run_of(u) != (first.corpus, first.tokens_per_param, tail) or u.seed not in seeds
             for u in forks)):
         raise ValueError(f"fork units are the tail variant of {first.variant} ({tail}) on "
                          f"the batch's seeds {seeds}, got {[u.name for u in forks]}")
