@@ -26,6 +26,7 @@ from study_results import (
     FULL_RECIPE,
     Group,
     alike_through,
+    batch_clusters,
     by_group,
     finite_val,
     forward_costs,
@@ -34,7 +35,14 @@ from study_results import (
     paired_gaps,
     val_at,
 )
-from study_stats import WIDE_PP, Interval, mean_interval, seeds_for_half_width
+from study_stats import (
+    WIDE_PP,
+    Interval,
+    clustered_interval,
+    mean_interval,
+    seeds_for_half_width,
+    t_critical,
+)
 
 
 def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus: str) -> str:
@@ -162,6 +170,47 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
             "mean within-seed range | between-seed sd (final) | "
             "correlation of the gap at half the run with the final gap |")
     return "\n".join([head, "| --- | --- | --- | --- | --- |", *rows])
+
+
+MIN_BATCH_CLUSTERS = 4
+"""Clusters below which `batch_independence` leaves a variant out: the cluster-robust
+standard error has clusters - 1 degrees of freedom, too few to read below three."""
+
+
+def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
+    """Whether seeds trained in one seed batch behave as independent draws of the gap (a
+    markdown table; empty without a variant whose paired seeds share batches and span
+    `MIN_BATCH_CLUSTERS` or more batch clusters).
+
+    Per variant: the gap's interval with each seed independent (`mean_interval`, as in
+    the tables above) beside the cluster-robust one (`clustered_interval`) over the
+    clusters of seeds linked by a shared batch, its own or BF16's (`batch_clusters`),
+    and the ratio of their standard errors. Seeds in a batch start from their own
+    initialization, data order and SR keys; a ratio well above 1 says the batches' gaps
+    still differ by more than their seeds do, from chance or from something a batch
+    shares, and the independent interval is then too narrow.
+    """
+    gaps = paired_gaps(variants)
+    rows = []
+    for v, by_seed in gaps.items():
+        if len(by_seed) < 2:
+            continue
+        clusters = batch_clusters(variants[v], variants[BASELINE])
+        seeds = sorted(by_seed)
+        cl = [clusters[s] for s in seeds]
+        g = len(set(cl))
+        iv = mean_interval([by_seed[s] for s in seeds])
+        cr = clustered_interval([by_seed[s] for s in seeds], cl)
+        if g < MIN_BATCH_CLUSTERS or g == iv.n or not iv.half_width:
+            continue
+        ratio = (cr.half_width / t_critical(g - 1)) / (iv.half_width / t_critical(iv.n - 1))
+        rows.append(f"| {v} | {iv.n} | {_pct(iv.mean)} | ±{iv.half_width * 100:.2f} pp | {g} "
+                    f"| ±{cr.half_width * 100:.2f} pp | {ratio:.2f} |")
+    if not rows:
+        return ""
+    head = ("| variant | seeds | gap to BF16 | 95% half-width, seeds independent | "
+            "batch clusters | 95% half-width, clusters as draws | ratio of standard errors |")
+    return "\n".join([head, "|" + " --- |" * 7, *rows])
 
 
 MIN_SEEDS_FOR_CORRELATION = 5
@@ -377,6 +426,16 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "holds its gap while seeds differ by more means trajectory noise, which "
                       "more validation data would not reduce), and how much of a seed's final "
                       "gap is already set half-way through its run:", "", spread, ""]
+        independence = batch_independence(variants)
+        if independence:
+            lines += ["Seeds trained together: each seed batch trains its seeds from their own "
+                      "initialization, data order and SR keys, so the intervals above treat "
+                      "seeds as independent. Beside them, the interval that treats each "
+                      "cluster of seeds linked by a shared batch (the variant's or BF16's) "
+                      "as one draw (cluster-robust, t with clusters − 1 degrees of "
+                      "freedom; from four clusters on); a ratio of standard errors well "
+                      "above 1 says the batches differ by more than their seeds do. With "
+                      "few clusters that ratio is itself uncertain:", "", independence, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")

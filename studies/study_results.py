@@ -58,6 +58,38 @@ def paired_gaps(variants: dict[str, dict[int, dict]], baseline: str = BASELINE
             for v, runs in variants.items() if v != baseline}
 
 
+def batch_clusters(*runs: dict[int, dict]) -> dict[int, int]:
+    """``{seed: cluster}``: seeds linked through the seed batches they trained in (in any
+    of ``runs``, each ``{seed: result}`` of one variant), each cluster named by its
+    lowest seed. A paired gap draws on two batches, its variant's and BF16's, so two seeds
+    are in one cluster where a chain of shared batches links them. Only seeds in every
+    one of ``runs`` are placed; a run outside a seed batch is a batch of its own.
+
+    Example:
+        >>> run = lambda *seeds: {"seed_batch": {"seeds": list(seeds)}}
+        >>> paper = {0: run(0, 1), 1: run(0, 1), 2: run(2, 3), 3: run(2, 3)}
+        >>> bf16 = {0: run(0), 1: run(1, 2), 2: run(1, 2), 3: run(3)}
+        >>> batch_clusters(paper, bf16), batch_clusters(paper)
+        ({0: 0, 1: 0, 2: 0, 3: 0}, {0: 0, 1: 0, 2: 2, 3: 2})
+    """
+    seeds = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+    parent = {s: s for s in seeds}
+
+    def root(s: int) -> int:
+        while parent[s] != s:
+            s = parent[s]
+        return s
+
+    for by_seed in runs:
+        for s in seeds:
+            linked = [t for t in (by_seed[s].get("seed_batch") or {}).get("seeds", [s])
+                      if t in parent]
+            for t in linked:
+                a, b = sorted((root(s), root(t)))
+                parent[b] = a
+    return {s: root(s) for s in seeds}
+
+
 def length_growth(groups: dict[Group, dict[str, dict[int, dict]]], corpus: str, variant: str,
                   short: float, long: float
                   ) -> tuple[dict[float, list[float]], Interval | None]:

@@ -248,7 +248,7 @@ class StudySpec:
         Example:
           >>> spec = STUDIES["pure_llama"]
           >>> len(spec.seeds_of("python", "paper")), len(spec.seeds_of("python", "no_rht"))
-          (48, 8)
+          (54, 8)
         """
         return next((seeds for c, v, seeds in self.unit_seeds if (c, v) == (corpus, variant)),
                     self.seeds)
@@ -318,7 +318,7 @@ STUDIES = {s.name: s for s in (
     StudySpec(
         name="pure_llama", item="1, 2, 5",
         title=("Pure transformer (the Llama example) at learning rate 1e-3, two corpora, "
-               "nine recipes on Python and four on prose, eight seeds (forty-eight for "
+               "nine recipes on Python and four on prose, eight seeds (fifty-four for "
                "the headline gap and its BF16-forward tail on Python, thirty on prose)"),
         model=LlamaConfig(dim=256, layers=8, heads=4, hidden=768),
         corpora=("python", "prose"), tokens_per_param=(10.0,), variants=tuple(VARIANTS),
@@ -327,14 +327,14 @@ STUDIES = {s.name: s for s in (
         # on the paper recipe; the ablations, each against the full recipe, and the two
         # improvements together run on Python only (40 units, ~26 min of H200 time, fewer).
         corpus_variants=(("prose", ("bf16", "paper", "paper_tail", "four_over_six")),),
-        # The paper recipe's gap varies 0.98 pp between seeds on Python (38 seeds; 0.91
-        # at 14, 0.57 at the first 8), so a ±0.3 pp interval needs ~44 paired seeds
-        # (docs/STUDY.md); 48 leave room for the sd to grow. On prose it varies 1.68 pp
-        # (12 seeds): ±0.3 pp would need ~123, more than the device budget allows soon;
-        # 30 are planned (~85 s of H200 time a pair per seed in batches of six).
+        # The paper recipe's gap varies 1.05 pp between seeds on Python (44 seeds; 0.98
+        # at 38, 0.91 at 14, 0.57 at the first 8), so a ±0.3 pp interval needs ~50
+        # paired seeds (docs/STUDY.md); 54 leave room for the sd to grow. On prose it
+        # varies 2.09 pp (18 seeds): ±0.3 pp would need ~190, more than the device
+        # budget allows; 30 are planned (~85 s of H200 time a pair in batches of six).
         # The paper recipe's BF16-forward-tail variant has as many: a paper batch trains
         # it on its seeds as a fork, for the last 18% of the steps (`seed_batch`).
-        unit_seeds=(*(("python", v, tuple(range(48))) for v in ("bf16", "paper", "paper_tail")),
+        unit_seeds=(*(("python", v, tuple(range(54))) for v in ("bf16", "paper", "paper_tail")),
                     *(("prose", v, tuple(range(30))) for v in ("bf16", "paper", "paper_tail"))),
         # The paper recipe's seed 0 ran in a seed batch before batches sampled
         # diagnostics: its seed 8 samples them (item 5). The prose runs replicate gaps

@@ -573,6 +573,62 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
         assert study_report.gap_spread_sources(many).splitlines()[2].endswith(f"| {want} |")
 
 
+def test_clustered_interval_is_the_independent_one_for_singletons_and_widens_for_shared_shifts():
+    """With every value its own cluster the cluster-robust interval is `mean_interval`'s;
+    an offset shared within clusters (larger than the spread inside them) widens it, and
+    the clusters' names and order do not matter. One cluster has no interval; a cluster
+    list of another length is refused."""
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 44):
+        x = rng.normal(0.02, 0.01, n)
+        got, want = study_stats.clustered_interval(x, list(range(n))), study_stats.mean_interval(x)
+        assert got.mean == pytest.approx(want.mean, abs=1e-15)
+        assert got.half_width == pytest.approx(want.half_width, rel=1e-12)
+    labels = np.repeat(np.arange(6), 3)
+    x = 0.02 + rng.normal(0.0, 0.01, 6)[labels] + rng.normal(0.0, 0.001, labels.size)
+    shared = study_stats.clustered_interval(x, labels.tolist())
+    assert shared.half_width > 2 * study_stats.mean_interval(x).half_width
+    renamed = study_stats.clustered_interval(x, [f"b{9 - c}" for c in labels])
+    assert renamed.half_width == pytest.approx(shared.half_width, rel=1e-12)
+    assert study_stats.clustered_interval(x, [0] * x.size).half_width is None
+    with pytest.raises(ValueError, match="one cluster per value"):
+        study_stats.clustered_interval(x, [0, 1])
+
+
+def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
+    """Seeds are clustered by the batches of the variant's run and of BF16's (a chain of
+    shared batches links them); a variant whose batches differ by more than their seeds
+    gets a ratio of standard errors above 1; one whose runs all trained apart, or whose
+    seeds span fewer than `MIN_BATCH_CLUSTERS` clusters, has no row."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
+    batches = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
+    offset = {0: 0.00, 1: 0.03, 2: 0.01, 3: 0.04}  # each batch's shared gap
+    noise = [0.001, -0.001, 0.0]
+
+    def run(variant, seed, val, seeds):
+        r = _fake_result(spec, variant, seed, val)
+        r["seed_batch"] = {"seeds": list(seeds)}
+        return r
+
+    bf16 = {s: run("bf16", s, 2.0, b) for b in batches for s in b}
+    paper = {s: run("paper", s, 2.0 * (1.02 + offset[i] + noise[j]), b)
+             for i, b in enumerate(batches) for j, s in enumerate(b)}
+    table = study_report.batch_independence({"bf16": bf16, "paper": paper})
+    head, _, row, *rest = table.splitlines()
+    assert "clusters as draws" in head and row.startswith("| paper | 12 | ") and not rest
+    assert float(row.split("|")[-2]) > 1.5
+    # The same gaps from runs that all trained apart: nothing shared, no row.
+    apart = {v: {s: run(v, s, r["final_val_bpb"], (s,)) for s, r in runs.items()}
+             for v, runs in (("bf16", bf16), ("paper", paper))}
+    assert study_report.batch_independence(apart) == ""
+    # BF16 batched across two of paper's batches: three clusters, too few to read.
+    merged = {s: run("bf16", s, 2.0, tuple(range(6)) if s < 6 else b)
+              for b in batches for s in b}
+    want = {s: min(b) for b in ((0, 1, 2, 3, 4, 5), (6, 7, 8), (9, 10, 11)) for s in b}
+    assert study_results.batch_clusters(paper, merged) == want
+    assert study_report.batch_independence({"bf16": merged, "paper": paper}) == ""
+
+
 def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_change_no_bit(
         tmp_path):
     """Two seed batches of one variant, length and size in one call: the second compiles
