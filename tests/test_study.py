@@ -637,14 +637,16 @@ def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_ch
     on programs of their own without sampling diagnostics: neither the reuse nor the
     sampling (a read-only pass) changes training. (A seed that sampled diagnostics on the
     H200, long_data's seed 3 at 10 tokens/param, ended with a gap near zero; this rules
-    out the sampling as its cause.)"""
+    out the sampling as its cause.) A seed trained beside another partner, at the same
+    place in the batch, repeats its run bit for bit: seeds in a batch are independent."""
     import seed_batch  # noqa: PLC0415
 
     spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3), diag_samples=2, diag_seeds=(1, 3))
     units = [study_specs.Unit("python", 0.003, "down_only", s) for s in range(4)]
     corpus = _corpus()
     programs = seed_batch.BatchPrograms()
-    seed_batch.run_seed_batch(spec, units[:2], tmp_path / "call", corpus, programs=programs)
+    first = seed_batch.run_seed_batch(spec, units[:2], tmp_path / "call", corpus,
+                                      programs=programs)
     compiled = []
 
     def on_duration(event, _secs, **_):
@@ -667,6 +669,13 @@ def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_ch
     for reused, own in zip(second, alone, strict=True):
         for key in ("train_curve", "val_curve", "final_val_bpb"):
             assert reused[key] == own[key], (own["seed"], key)
+    # Seed 0 beside seed 3 instead of seed 1, at the same place in the batch: its run does
+    # not depend on the seed it trains beside.
+    beside = seed_batch.run_seed_batch(spec, [units[0], units[3]], tmp_path / "beside",
+                                       corpus, programs=programs)
+    assert beside[0]["seed_batch"]["seeds"] == [0, 3] and first[0]["seed_batch"]["seeds"] == [0, 1]
+    for key in ("train_curve", "val_curve", "final_val_bpb"):
+        assert beside[0][key] == first[0][key], key
 
 
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
