@@ -174,7 +174,8 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
 
 MIN_BATCH_CLUSTERS = 4
 """Clusters below which `batch_independence` leaves a variant out: the cluster-robust
-standard error has clusters - 1 degrees of freedom, too few to read below three."""
+standard error has clusters - 1 degrees of freedom, and fewer than three are too few to
+read it by."""
 
 
 def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
