@@ -198,10 +198,9 @@ def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
             continue
         clusters = batch_clusters(variants[v], variants[BASELINE])
         seeds = sorted(by_seed)
-        cl = [clusters[s] for s in seeds]
+        values, cl = [by_seed[s] for s in seeds], [clusters[s] for s in seeds]
         g = len(set(cl))
-        iv = mean_interval([by_seed[s] for s in seeds])
-        cr = clustered_interval([by_seed[s] for s in seeds], cl)
+        iv, cr = mean_interval(values), clustered_interval(values, cl)
         if g < MIN_BATCH_CLUSTERS or g == iv.n or not iv.half_width:
             continue
         ratio = (cr.half_width / t_critical(g - 1)) / (iv.half_width / t_critical(iv.n - 1))
