@@ -430,7 +430,11 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
         if independence:
             lines += ["Seeds trained together: each seed batch trains its seeds from their own "
                       "initialization, data order and SR keys, so the intervals above treat "
-                      "seeds as independent. Beside them, the interval that treats each "
+                      "seeds as independent. A seed's run does not depend on the seeds "
+                      "beside it: prose paper seeds 12-14, trained again on the H200 in a "
+                      "batch whose other seeds were new, repeated their runs bit for bit "
+                      "(benchmarks/results/2026-12-02-h200x), as a CPU test asserts "
+                      "(tests/test_study.py). Beside them, the interval that treats each "
                       "cluster of seeds linked by a shared batch (the variant's or BF16's) "
                       "as one draw (cluster-robust, t with clusters − 1 degrees of "
                       "freedom; from four clusters on); a ratio of standard errors well "
