@@ -69,6 +69,14 @@ class Interval:
         return self.half_width is None or self.half_width * 100 > WIDE_PP
 
 
+def _finite_values(values: Sequence[float]) -> np.ndarray:
+    """``values`` as a float64 vector; a ValueError unless one or more, all finite."""
+    x = np.asarray(values, np.float64)
+    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"need one or more finite values, got {values!r}")
+    return x
+
+
 def mean_interval(values: Sequence[float]) -> Interval:
     """Mean and 95% Student-t interval half-width ``t(0.975, n-1) · sd / √n``.
 
@@ -77,9 +85,7 @@ def mean_interval(values: Sequence[float]) -> Interval:
       >>> iv.mean, round(iv.half_width, 6)
       (2.0, 2.484138)
     """
-    x = np.asarray(values, np.float64)
-    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
-        raise ValueError(f"need one or more finite values, got {values!r}")
+    x = _finite_values(values)
     if x.size == 1:
         return Interval(float(x[0]), None, 1, None)
     sd = float(np.std(x, ddof=1))
@@ -107,9 +113,7 @@ def clustered_interval(values: Sequence[float], clusters: Sequence[object]) -> I
       >>> iv.mean, round(iv.half_width, 4)
       (2.5, 12.7062)
     """
-    x = np.asarray(values, np.float64)
-    if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
-        raise ValueError(f"need one or more finite values, got {values!r}")
+    x = _finite_values(values)
     if len(clusters) != x.size:
         raise ValueError(f"need one cluster per value: {x.size} values, "
                          f"{len(clusters)} clusters")
