@@ -327,11 +327,11 @@ STUDIES = {s.name: s for s in (
         # on the paper recipe; the ablations, each against the full recipe, and the two
         # improvements together run on Python only (40 units, ~26 min of H200 time, fewer).
         corpus_variants=(("prose", ("bf16", "paper", "paper_tail", "four_over_six")),),
-        # The paper recipe's gap varies 1.05 pp between seeds on Python (44 seeds; 0.98
-        # at 38, 0.91 at 14, 0.57 at the first 8), so a ±0.3 pp interval needs ~50
-        # paired seeds (docs/STUDY.md); 54 leave room for the sd to grow. On prose it
-        # varies 2.09 pp (18 seeds): ±0.3 pp would need ~190, more than the device
-        # budget allows; 30 are planned (~85 s of H200 time a pair in batches of six).
+        # The paper recipe's gap varies ~1 pp between seeds on Python, so a ±0.3 pp
+        # interval needs ~50 paired seeds (docs/STUDY.md: 1.01 pp, ±0.29 pp at 50); 54
+        # leave room for the sd to grow. On prose it varies ~2 pp: ±0.3 pp would need
+        # ~170, more than the device budget allows; 30 are planned (~85 s of H200 time a
+        # pair in batches of six).
         # The paper recipe's BF16-forward-tail variant has as many: a paper batch trains
         # it on its seeds as a fork, for the last 18% of the steps (`seed_batch`).
         unit_seeds=(*(("python", v, tuple(range(54))) for v in ("bf16", "paper", "paper_tail")),
