@@ -339,15 +339,20 @@ def _link(path: Path, doc_dir: Path) -> str:
 
 
 def _seed_range(seeds: tuple[int, ...]) -> str:
-    """``0-17`` for a run of consecutive seeds, else the list.
+    """The seeds with each run of three or more consecutive ones written ``first-last``.
 
     Example:
-      >>> _seed_range((0, 1, 2, 3)), _seed_range((0, 2))
-      ('0-3', '0, 2')
+      >>> _seed_range((0, 1, 2, 3)), _seed_range((0, 2)), _seed_range((0, 1, 2, 7, 8, 9, 11))
+      ('0-3', '0, 2', '0-2, 7-9, 11')
     """
-    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds))
+    runs: list[list[int]] = []
+    for s in seeds:
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r))
+                     for r in runs)
 
 
 def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
