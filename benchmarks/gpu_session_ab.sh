@@ -8,7 +8,7 @@
 #   python benchmarks/autotune_picks.py merge studies/autotune_picks.textproto \
 #     studies/autotune_picks.textproto FILES_AT/autotune/*.textproto.gz
 #
-# These are the last of pure_llama's planned units (34 at 22e1fa8 and its spec change):
+# These are the last 30 of pure_llama's planned units (at 9dc626b):
 # prose paper s24-29 with their BF16-forward tails and the BF16 runs they pair with; on
 # Python 4/6 block scaling s6-7 with its tail (spec seeds 0-7) and the paper recipe
 # s50-52 with its tail (their BF16 runs are in); prose 4/6 block scaling s3-7.
