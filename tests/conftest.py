@@ -16,11 +16,22 @@ less time. It changes no result: XLA:CPU uses no fast-math at any level, the opt
 (what tests/test_compile_size.py measures) is the same text, and every program a test
 compares is compiled the same way. The subprocess tests inherit the flags. On a GPU
 machine the flags are left alone (they would also slow the GPU kernels' codegen).
+
+A run's processes (the pytest workers and the subprocesses tests start) share one
+persistent XLA compilation cache in a fresh temporary folder, removed when the run ends:
+many tests compile the same programs (the same layer, recipe and shapes), and a program
+served from the cache is the one compiled, so no result changes. A test that counts or
+times compilations is marked ``fresh_compilation`` and runs with the cache off. A run
+given ``JAX_COMPILATION_CACHE_DIR`` uses that folder and keeps it.
 """
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _FAST_CPU_COMPILE = ("--xla_backend_optimization_level=0",
@@ -31,6 +42,37 @@ if not any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda1
     _flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = " ".join(
         [_flags, *(f for f in _FAST_CPU_COMPILE if f.split("=")[0] not in _flags)]).strip()
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # Set in the first process (the xdist controller, before it starts its workers, or a
+    # plain run), which the workers and the tests' subprocesses inherit; JAX reads these
+    # when it is imported. Every compilation is cached, however short.
+    _cache_dir = tempfile.mkdtemp(prefix="fp4jax-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache_dir,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compilation(request):
+    """Turns the persistent compilation cache off for a test marked ``fresh_compilation``
+    (it counts or times compilations, which the cache would serve instead)."""
+    if request.node.get_closest_marker("fresh_compilation") is None:
+        yield
+        return
+    import jax  # noqa: PLC0415
+    from jax.experimental.compilation_cache import compilation_cache  # noqa: PLC0415
+
+    # JAX decides once per process whether it uses the cache: reset it both ways.
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+
 
 settings.register_profile(
     "ci",

@@ -629,6 +629,7 @@ def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
     assert study_report.batch_independence({"bf16": merged, "paper": paper}) == ""
 
 
+@pytest.mark.fresh_compilation
 def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_change_no_bit(
         tmp_path):
     """Two seed batches of one variant, length and size in one call: the second compiles
@@ -726,6 +727,7 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
                                   tmp_path / "c", corpus)
 
 
+@pytest.mark.fresh_compilation
 def test_a_seed_batchs_switch_to_the_bf16_forward_tail_is_timed_apart_from_its_steps(
         tmp_path):
     """A batch of a variant with the BF16-forward tail compiles the tail's step at its

@@ -129,6 +129,7 @@ def test_training_loop_that_fails_mid_run_leaves_no_prefetch_thread(setup):
     assert not _prefetch_threads()
 
 
+@pytest.mark.fresh_compilation
 def test_the_first_step_in_a_later_precision_mode_is_timed_apart_from_the_steps(tmp_path):
     """The first step of the BF16-forward tail compiles the tail's program: its time is
     ``mode_switch_s``, not spread over ``step_time_s`` (a tiny step takes milliseconds,
