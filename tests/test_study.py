@@ -207,7 +207,8 @@ def test_goals_section_reads_each_goal_from_the_intervals(tmp_path):
     """The three goals' verdicts follow the 95% intervals: a full-recipe gap above the
     published span, an ablation worse than the full recipe, the lowest-gap variant
     within 0.5% of BF16; a gap whose interval reaches zero is flagged as a bug signal;
-    a straddling interval is "not resolved"; no results give no section."""
+    a straddling interval is "not resolved"; no results give no section. The full
+    recipe's half-width is read against ±0.3 pp, and where wider the seeds its sd needs."""
     spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="goals", seeds=SEEDS,
                                variants=("bf16", "paper", "no_sr", "no_2d", "paper_tail"))
 
@@ -229,8 +230,15 @@ def test_goals_section_reads_each_goal_from_the_intervals(tmp_path):
     assert [ln for ln in lines if ", no_2d:" in ln][0].endswith(": not resolved")
     best = [ln for ln in lines if ": paper_tail, " in ln]
     assert len(best) == 1 and best[0].endswith(": within 0.5% of BF16")
+    # Gaps 3.0%, 3.1%, 3.2%: sd 0.1 pp, half-width 4.30 * 0.1 / sqrt(3) = 0.25 pp.
+    assert [ln for ln in lines if ", seed sd " in ln] == [
+        "  - goals, python, 10 tokens/param: ±0.25 pp, n=3, seed sd 0.10 pp: narrower"]
     zero = study_report.goals_section([spec], results({"paper": {0: -0.01, 1: 0.0, 2: 0.012}}))
     assert "not distinguishable from zero: a bug signal" in zero
+    # sd 1.10 pp: ±0.3 pp takes the n with t(n-1) * 1.10 / sqrt(n) <= 0.3, which is 55.
+    wide = [ln for ln in zero.splitlines() if ", seed sd " in ln]
+    assert wide == ["  - goals, python, 10 tokens/param: ±2.74 pp, n=3, seed sd 1.10 pp: "
+                    "wider; ±0.3 pp would take 55 seeds at that sd"]
     assert "the quantization is active" not in zero  # no run measured its forward cost
     assert "nothing measured yet" in zero  # no ablation, no second variant
     assert study_report.goals_section([spec], {"goals": []}) == ""
