@@ -669,7 +669,7 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
             if iv.half_width is not None:
                 width = f"±{iv.half_width * 100:.2f} pp, n={iv.n}, seed sd {iv.sd * 100:.2f} pp"
                 widths.append(
-                    f"  - {where}: {width}: narrower" if iv.half_width <= WIDE_PP / 100 else
+                    f"  - {where}: {width}: narrower" if not iv.wide else
                     f"  - {where}: {width}: wider; ±{WIDE_PP} pp would take "
                     f"{seeds_for_half_width(iv.sd, WIDE_PP / 100)} seeds at that sd")
         against = paired_gaps(variants, FULL_RECIPE)
