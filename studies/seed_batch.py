@@ -452,7 +452,9 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     and size an earlier batch of the call compiled runs on its programs (`BatchPrograms`)
     and is estimated without a compilation. A batch forks the `fork_units` its
     ``only`` allows (their estimate: `fork_wall_estimate`), and a planned batch of those
-    units runs only the seeds the forks left. Calls
+    units runs only the seeds the forks left; where the forking batch does not fit, its
+    forks wait for it too, not trained from the start later in the call (a whole run
+    each, where the fork is a sixth of one). Calls
     ``after_batch`` after each finished batch (to hand its results off at once: a call cut
     off later keeps them). Returns the finished units' results."""
     t_begin = time.perf_counter() if t_begin is None else t_begin
@@ -461,8 +463,10 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     corpora: dict[str, data_lib.Corpus] = {}
     programs = BatchPrograms()
     done: list[dict] = []
+    deferred_forks: set[Unit] = set()
     for planned in batch_plan(spec, results, size, only):
-        units = [u for u in planned if not result_path(results, u).exists()]
+        units = [u for u in planned
+                 if not result_path(results, u).exists() and u not in deferred_forks]
         if len(units) < 2:  # forked from an earlier batch of this call
             continue
         forks = fork_units(spec, results, units, only)
@@ -478,10 +482,12 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
                              else bool(done)):
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} has no timed batch "
                   "of its length and kind to go by: left to a later call", flush=True)
+            deferred_forks.update(forks)
             continue
         if need is not None and left < need:
             print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "
                   "left to a later call", flush=True)
+            deferred_forks.update(forks)
             continue  # a later, shorter batch may still fit
         corpus = units[0].corpus
         if corpus not in corpora:

@@ -1071,6 +1071,38 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     assert len(done) == 2
 
 
+def test_a_forking_batch_left_to_a_later_call_keeps_its_forks_for_it(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Where a batch that would fork its tail variant does not fit the time left, the
+    tail's units wait for it: the call does not train them from the start, although
+    their own batch's estimate fits (a whole run each, where a fork is the tail's share).
+    A call that excludes the forking variant still trains the tail's own batch."""
+    import seed_batch  # noqa: PLC0415
+
+    spec = dataclasses.replace(TINY, seeds=(0, 1, 2, 3), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper", "paper_tail"), custom_variants=())
+    _write_fake_batch(tmp_path, spec, "paper", (2, 3), 200.0)
+    _write_fake_batch(tmp_path, spec, "paper_tail", (2, 3), 100.0)
+    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: None)
+    trained = []
+
+    def fake_batch(spec, units, results, corpus, **_):
+        trained.append([u.name for u in units])
+        return []
+
+    monkeypatch.setattr(seed_batch, "run_seed_batch", fake_batch)
+    both = {"variant": {"paper", "paper_tail"}}
+    # paper s0-1 with its forks: 200 s plus the tail's share and a switch, over 250 s.
+    assert seed_batch.run_seed_batches(spec, tmp_path, size=2, budget_s=250.0,
+                                       only=both) == []
+    out = capsys.readouterr().out
+    assert "(forking python-tpp10-paper_tail-s0, python-tpp10-paper_tail-s1) needs" in out
+    assert trained == []
+    seed_batch.run_seed_batches(spec, tmp_path, size=2, budget_s=250.0,
+                                only={"variant": {"paper_tail"}})
+    assert trained == [["python-tpp10-paper_tail-s0", "python-tpp10-paper_tail-s1"]]
+
+
 def test_adopt_units_takes_only_units_run_exactly_as_this_study_would(tmp_path):
     """A finished unit of another study is adopted when its recorded run config, model
     (dtype aside), steps and corpus are this study's; one at another learning rate is
