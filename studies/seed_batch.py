@@ -467,7 +467,7 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
     for planned in batch_plan(spec, results, size, only):
         units = [u for u in planned
                  if not result_path(results, u).exists() and u not in deferred_forks]
-        if len(units) < 2:  # forked from an earlier batch of this call
+        if len(units) < 2:  # forked from an earlier batch of this call, or waiting for one
             continue
         forks = fork_units(spec, results, units, only)
         left = budget_s - (time.perf_counter() - t_begin)
