@@ -478,14 +478,14 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         names = ", ".join(u.name for u in units)
         if forks:
             names += f" (forking {', '.join(u.name for u in forks)})"
-        if need is None and (left < unestimated_min_s if unestimated_min_s is not None
-                             else bool(done)):
-            print(f"[{spec.name}] {left:.0f}s left, the batch {names} has no timed batch "
-                  "of its length and kind to go by: left to a later call", flush=True)
-            deferred_forks.update(forks)
-            continue
-        if need is not None and left < need:
-            print(f"[{spec.name}] {left:.0f}s left, the batch {names} needs ~{need:.0f}s: "
+        if need is None:
+            too_long = (left < unestimated_min_s if unestimated_min_s is not None
+                        else bool(done))
+            why = "has no timed batch of its length and kind to go by"
+        else:
+            too_long, why = left < need, f"needs ~{need:.0f}s"
+        if too_long:
+            print(f"[{spec.name}] {left:.0f}s left, the batch {names} {why}: "
                   "left to a later call", flush=True)
             deferred_forks.update(forks)
             continue  # a later, shorter batch may still fit
