@@ -333,7 +333,8 @@ STUDIES = {s.name: s for s in (
         # leave room for the sd to grow (a seed batch trains two or more seeds, so the
         # planned 54th, whose BF16 run would have trained alone, is not). On prose it
         # varies more: 1.86 pp over 30 pairs, for which ±0.3 pp takes 151 pairs (~85 s of
-        # H200 time a pair in batches of six: ~3 h in all, about seven sessions). The
+        # H200 time a pair in batches of six: ~2.9 h for the 121 to come, about seven
+        # sessions). The
         # count is fixed here from those 30 pairs, not by stopping once the interval is
         # narrow enough, which would bias it; if 151 pairs leave it wider, it is reported
         # as it is.
