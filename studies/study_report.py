@@ -172,6 +172,39 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
     return "\n".join([head, "| --- | --- | --- | --- | --- |", *rows])
 
 
+def pairing_gain(variants: dict[str, dict[int, dict]]) -> str:
+    """How much pairing by seed narrows the gap (a markdown table; empty without a variant
+    of `MIN_SEEDS_FOR_CORRELATION` or more seeds paired with BF16).
+
+    Per variant, over the seeds it shares with BF16: each side's final validation value's
+    seed-to-seed sd relative to its mean, their correlation, the sd of the paired gap,
+    and the sd a gap between unpaired runs would have, ``√(cv_bf16² + cv_variant²)``. A
+    seed fixes a run's initialization and data order on both sides, so a high correlation
+    cancels most of the spread; a low one leaves the paired gap nearly as noisy as
+    unpaired runs, and only more seeds narrow its interval.
+    """
+    gaps = paired_gaps(variants)
+    base = variants.get(BASELINE, {})
+    rows = []
+    for v, by_seed in gaps.items():
+        seeds = sorted(by_seed)
+        if len(seeds) < MIN_SEEDS_FOR_CORRELATION:
+            continue
+        b = np.array([base[s]["final_val_bpb"] for s in seeds])
+        x = np.array([variants[v][s]["final_val_bpb"] for s in seeds])
+        cv_b, cv_x = b.std(ddof=1) / b.mean(), x.std(ddof=1) / x.mean()
+        corr = np.corrcoef(b, x)[0, 1] if cv_b > 0 and cv_x > 0 else float("nan")
+        paired = mean_interval([by_seed[s] for s in seeds]).sd or 0.0
+        rows.append(f"| {v} (n={len(seeds)}) | {cv_b * 100:.2f}% | {cv_x * 100:.2f}% | "
+                    f"{_fmt(None if np.isnan(corr) else corr, '.2f')} | {paired * 100:.2f} pp | "
+                    f"{np.hypot(cv_b, cv_x) * 100:.2f} pp |")
+    if not rows:
+        return ""
+    head = ("| variant | BF16's final value, sd over seeds | the variant's | their correlation "
+            "over seeds | paired gap's sd | an unpaired gap's sd |")
+    return "\n".join([head, "|" + " --- |" * 6, *rows])
+
+
 MIN_BATCH_CLUSTERS = 4
 """Clusters below which `batch_independence` leaves a variant out: the cluster-robust
 standard error has clusters - 1 degrees of freedom, and fewer than three are too few to
@@ -431,6 +464,11 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "holds its gap while seeds differ by more means trajectory noise, which "
                       "more validation data would not reduce), and how much of a seed's final "
                       "gap is already set half-way through its run:", "", spread, ""]
+        pairing = pairing_gain(variants)
+        if pairing:
+            lines += ["How much pairing by seed cancels: each side's final value varies "
+                      "over seeds (sd relative to its mean), and the paired gap keeps what "
+                      "their correlation does not cancel:", "", pairing, ""]
         independence = batch_independence(variants)
         if independence:
             lines += ["Seeds trained together: each seed batch trains its seeds from their own "

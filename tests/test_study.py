@@ -581,6 +581,35 @@ def test_gap_spread_sources_compares_each_seeds_late_gap_range_with_the_seed_spr
         assert study_report.gap_spread_sources(many).splitlines()[2].endswith(f"| {want} |")
 
 
+def test_pairing_gain_shows_a_shared_seed_effect_cancelled_and_an_unshared_one_kept():
+    """A variant that moves with BF16 over seeds (its runs a fixed fraction worse) has
+    correlation 1 and a paired gap sd of 0 beside the unpaired sd of both sides' spreads;
+    one whose values do not follow BF16's has a paired sd near the unpaired one. Each
+    side's sd is relative to its mean. Fewer than `MIN_SEEDS_FOR_CORRELATION` paired
+    seeds give no row."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
+    n = study_report.MIN_SEEDS_FOR_CORRELATION + 3
+    rng = np.random.default_rng(3)
+    b = 1.5 + rng.normal(0.0, 0.03, n)
+    loose = 1.53 + rng.normal(0.0, 0.03, n)
+    variants = {"bf16": {s: _fake_result(spec, "bf16", s, b[s]) for s in range(n)},
+                "paper": {s: _fake_result(spec, "paper", s, b[s] * 1.02) for s in range(n)},
+                "no_sr": {s: _fake_result(spec, "no_sr", s, loose[s]) for s in range(n)},
+                "no_2d": {s: _fake_result(spec, "no_2d", s, 1.6) for s in range(n - 4)}}
+    head, _, tied, free, *rest = study_report.pairing_gain(variants).splitlines()
+    assert not rest and "correlation" in head
+    cv_b = b.std(ddof=1) / b.mean()
+    assert tied == (f"| paper (n={n}) | {cv_b * 100:.2f}% | {cv_b * 100:.2f}% | 1.00 | 0.00 pp | "
+                    f"{np.sqrt(2) * cv_b * 100:.2f} pp |")
+    cells = free.split(" | ")
+    gap_sd = np.std(loose / b - 1, ddof=1)
+    corr = np.corrcoef(b, loose)[0, 1]
+    assert cells[3] == f"{corr:.2f}" and cells[4] == f"{gap_sd * 100:.2f} pp"
+    assert abs(corr) < 0.8 and gap_sd > 0.5 * float(cells[5].split()[0]) / 100
+    assert study_report.pairing_gain({"bf16": variants["bf16"],
+                                      "no_2d": variants["no_2d"]}) == ""
+
+
 def test_clustered_interval_is_the_independent_one_for_singletons_and_widens_for_shared_shifts():
     """With every value its own cluster the cluster-robust interval is `mean_interval`'s;
     an offset shared within clusters (larger than the spread inside them) widens it, and
