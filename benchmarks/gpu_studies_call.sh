@@ -10,7 +10,9 @@
 # Each study gets what the ones before it left of BUDGET seconds (skipped under 60 s) and
 # hands its results off into $OUT/STUDY, without compilation-cache entries. Each process
 # writes the kernels XLA's autotuner picked to $OUT/autotune/N-STUDY.textproto.gz
-# (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls.
+# (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls,
+# and its log to $OUT/logs/N-STUDY.log as it runs: a call the device tool stops at its
+# limit still brings back how far each process got.
 # Each process loads the committed picks, studies/autotune_picks.textproto (where it is
 # there): a program they cover gets the same kernels in every process and session, so
 # that a run of one seed repeats bit for bit (shown on the H200 in
@@ -36,15 +38,16 @@ for ARG in "$@"; do
   LEFT=$((BUDGET - (SECONDS - T0)))
   if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
   PICKS="$OUT/autotune/$N-$STUDY.textproto"
-  mkdir -p "$OUT/autotune"
+  LOG="$OUT/logs/$N-$STUDY.log"
+  mkdir -p "$OUT/autotune" "$OUT/logs"
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
   timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \
     "${UNESTIMATED[@]}" \
-    > "/tmp/study-$STUDY.log" 2>&1
+    > "$LOG" 2>&1
   RC=$?
   if [ -f "$PICKS" ]; then gzip -f "$PICKS"; fi
   echo "== $STUDY: rc=$RC, $((SECONDS - T0)) s into the call"
-  tail -c $((10000 / $#)) "/tmp/study-$STUDY.log"
+  tail -c $((10000 / $#)) "$LOG"
 done

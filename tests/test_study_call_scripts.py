@@ -28,7 +28,7 @@ def _run(tmp_path, *args):
     flags = shlex.quote(str(tmp_path / "xla_flags.txt"))
     fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {shlex.quote(str(log))}\n'
                     f'echo >> {shlex.quote(str(log))}\necho "$XLA_FLAGS" >> {flags}\n'
-                    f'echo "ran $2"\n')
+                    f'echo "ran $2 $3"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
     proc = subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True,
@@ -97,3 +97,17 @@ def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path
                    capture_output=True, cwd=REPO, timeout=60)
     assert (tmp_path / "out" / "autotune" / "1-pure_llama.textproto.gz").exists()
     assert not (tmp_path / "out" / "autotune" / "1-pure_llama.textproto").exists()
+
+
+def test_each_process_logs_into_out_so_a_stopped_call_keeps_its_log(tmp_path):
+    """Each study process writes its output to $OUT/logs/N-STUDY.log (N: the argument's
+    place), which comes back with the call's files even where the device tool stops the
+    call at its limit; the call's own output ends with that log's tail."""
+    rc, out, calls = _run(tmp_path, "540", "hybrid:bf16::0,1", "pure_llama:paper")
+    assert rc == 0, out
+    assert len(calls) == 2
+    logs = tmp_path / "out" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["1-hybrid.log", "2-pure_llama.log"]
+    assert (logs / "1-hybrid.log").read_text() == "ran run hybrid\n"
+    assert (logs / "2-pure_llama.log").read_text() == "ran run pure_llama\n"
+    assert out.rstrip().endswith("ran run pure_llama")
