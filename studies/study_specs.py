@@ -333,11 +333,10 @@ STUDIES = {s.name: s for s in (
         # leave room for the sd to grow (a seed batch trains two or more seeds, so the
         # planned 54th, whose BF16 run would have trained alone, is not). On prose it
         # varies more: 1.86 pp over 30 pairs, for which ±0.3 pp takes 151 pairs (~85 s of
-        # H200 time a pair in batches of six: ~2.9 h for the 121 to come, about seven
-        # sessions). The
-        # count is fixed here from those 30 pairs, not by stopping once the interval is
-        # narrow enough, which would bias it; if 151 pairs leave it wider, it is reported
-        # as it is.
+        # H200 time a pair in batches of six, ~3.6 h for all 151; `validation.py plan`
+        # lists those done). The count is fixed here from those 30 pairs, not by
+        # stopping once the interval is narrow enough, which would bias it; if 151 pairs
+        # leave it wider (36 pairs gave 2.40 pp), it is reported as it is.
         # The paper recipe's BF16-forward-tail variant runs as a fork of a paper batch, for
         # the last 18% of the steps (`seed_batch`), on the seeds of the batches that forked
         # it: the paper runs of Python seeds 3-28 and prose seeds 3-11 were trained before
