@@ -72,11 +72,9 @@ def against_full_recipe(spec: Any, variants: dict[str, dict[int, dict]], corpus:
             f" ({len(equal)} of {len(alike)} seeds)" if len(equal) < len(alike) else "")
         rows.append(f"| {v} | {seeds} | {_pct(iv.mean)} | {_interval_text(iv)} | {verdict} "
                     f"| {through} |")
-    if not rows:
-        return ""
-    head = (f"| variant | seeds shared with {FULL_RECIPE} | val / val_{FULL_RECIPE} - 1 "
-            f"(mean) | 95% interval | verdict | equal to {FULL_RECIPE} through |")
-    return "\n".join([head, "| --- | --- | --- | --- | --- | --- |", *rows])
+    return _markdown_table(
+        ["variant", f"seeds shared with {FULL_RECIPE}", f"val / val_{FULL_RECIPE} - 1 (mean)",
+         "95% interval", "verdict", f"equal to {FULL_RECIPE} through"], rows)
 
 
 def _paired_gap_curves(variants: dict[str, dict[int, dict]]
@@ -125,11 +123,8 @@ def gap_along_training(variants: dict[str, dict[int, dict]],
             cells.append(f"{_pct(iv.mean)} ± {sd * 100:.2f}")
         need = seeds_for_half_width(sd, WIDE_PP / 100)
         rows.append(f"| {v} (n={len(curves)}) | " + " | ".join(cells) + f" | {need} |")
-    if not rows:
-        return ""
-    head = ("| variant | " + " | ".join(f"step {t}" for t in steps_used)
-            + f" | seeds for ±{WIDE_PP} pp at the final sd |")
-    return "\n".join([head, "|" + " --- |" * (len(steps_used) + 2), *rows])
+    return _markdown_table(["variant", *(f"step {t}" for t in steps_used or ()),
+                            f"seeds for ±{WIDE_PP} pp at the final sd"], rows)
 
 
 def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: float = 0.75
@@ -164,12 +159,10 @@ def gap_spread_sources(variants: dict[str, dict[int, dict]], from_fraction: floa
                 if len(finals) >= MIN_SEEDS_FOR_CORRELATION and between > 0 else "—")
         rows.append(f"| {v} (n={len(gaps)}) | {bands} | {within * 100:.2f} pp | "
                     f"{between * 100:.2f} pp | {corr} |")
-    if not rows:
-        return ""
-    head = (f"| variant | each seed's gap from {from_fraction:.0%} of the run on | "
-            "mean within-seed range | between-seed sd (final) | "
-            "correlation of the gap at half the run with the final gap |")
-    return "\n".join([head, "| --- | --- | --- | --- | --- |", *rows])
+    return _markdown_table(
+        ["variant", f"each seed's gap from {from_fraction:.0%} of the run on",
+         "mean within-seed range", "between-seed sd (final)",
+         "correlation of the gap at half the run with the final gap"], rows)
 
 
 def pairing_gain(variants: dict[str, dict[int, dict]]) -> str:
@@ -198,11 +191,9 @@ def pairing_gain(variants: dict[str, dict[int, dict]]) -> str:
         rows.append(f"| {v} (n={len(seeds)}) | {cv_b * 100:.2f}% | {cv_x * 100:.2f}% | "
                     f"{_fmt(None if np.isnan(corr) else corr, '.2f')} | {paired * 100:.2f} pp | "
                     f"{np.hypot(cv_b, cv_x) * 100:.2f} pp |")
-    if not rows:
-        return ""
-    head = ("| variant | BF16's final value, sd over seeds | the variant's | their correlation "
-            "over seeds | paired gap's sd | an unpaired gap's sd |")
-    return "\n".join([head, "|" + " --- |" * 6, *rows])
+    return _markdown_table(
+        ["variant", "BF16's final value, sd over seeds", "the variant's",
+         "their correlation over seeds", "paired gap's sd", "an unpaired gap's sd"], rows)
 
 
 MIN_BATCH_CLUSTERS = 4
@@ -239,16 +230,30 @@ def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
         ratio = (cr.half_width / t_critical(g - 1)) / (iv.half_width / t_critical(iv.n - 1))
         rows.append(f"| {v} | {iv.n} | {_pct(iv.mean)} | ±{iv.half_width * 100:.2f} pp | {g} "
                     f"| ±{cr.half_width * 100:.2f} pp | {ratio:.2f} |")
-    if not rows:
-        return ""
-    head = ("| variant | seeds | gap to BF16 | 95% half-width, seeds independent | "
-            "batch clusters | 95% half-width, clusters as draws | ratio of standard errors |")
-    return "\n".join([head, "|" + " --- |" * 7, *rows])
+    return _markdown_table(
+        ["variant", "seeds", "gap to BF16", "95% half-width, seeds independent",
+         "batch clusters", "95% half-width, clusters as draws", "ratio of standard errors"],
+        rows)
 
 
 MIN_SEEDS_FOR_CORRELATION = 5
 """Seeds below which `gap_spread_sources` gives no correlation: with fewer its 95%
 interval spans most of [-1, 1]."""
+
+
+def _markdown_table(columns: Sequence[str], rows: list[str]) -> str:
+    """A markdown table of ``rows`` (each already ``| a | b |``) under ``columns``; empty
+    without rows, so that a section with nothing to show is left out.
+
+    Example:
+      >>> print(_markdown_table(["variant", "gap"], ["| paper | +2.00% |"]))
+      | variant | gap |
+      | --- | --- |
+      | paper | +2.00% |
+    """
+    if not rows:
+        return ""
+    return "\n".join(["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *rows])
 
 
 def _pct(x: float) -> str:
