@@ -186,10 +186,10 @@ def pairing_gain(variants: dict[str, dict[int, dict]]) -> str:
         b = np.array([base[s]["final_val_bpb"] for s in seeds])
         x = np.array([variants[v][s]["final_val_bpb"] for s in seeds])
         cv_b, cv_x = b.std(ddof=1) / b.mean(), x.std(ddof=1) / x.mean()
-        corr = np.corrcoef(b, x)[0, 1] if cv_b > 0 and cv_x > 0 else float("nan")
+        corr = np.corrcoef(b, x)[0, 1] if cv_b > 0 and cv_x > 0 else None
         paired = mean_interval([by_seed[s] for s in seeds]).sd or 0.0
         rows.append(f"| {v} (n={len(seeds)}) | {cv_b * 100:.2f}% | {cv_x * 100:.2f}% | "
-                    f"{_fmt(None if np.isnan(corr) else corr, '.2f')} | {paired * 100:.2f} pp | "
+                    f"{_fmt(corr, '.2f')} | {paired * 100:.2f} pp | "
                     f"{np.hypot(cv_b, cv_x) * 100:.2f} pp |")
     return _markdown_table(
         ["variant", "BF16's final value, sd over seeds", "the variant's",
