@@ -18,6 +18,11 @@
 # that a run of one seed repeats bit for bit (shown on the H200 in
 # benchmarks/results/2026-12-02-h200v); XLA tunes the programs they do not cover anew
 # (merge those processes' dumps into it: `autotune_picks.py merge`, first pick kept).
+# A process may run 60 s past what it was given before `timeout` stops it: it starts a
+# batch where the batch's training wall fits its budget less a 30 s reserve, and then
+# spends up to ~50 s more on the corpus, the BF16-forward evaluation and the handoff
+# (benchmarks/results/2026-12-03-h200ab), so a call's BUDGET must leave 40 s or more of
+# its device limit beyond it for the last process to hand off.
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 BUDGET=${1:?budget in seconds}; shift
@@ -41,7 +46,7 @@ for ARG in "$@"; do
   LOG="$OUT/logs/$N-$STUDY.log"
   mkdir -p "$OUT/autotune" "$OUT/logs"
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
-  timeout $((LEFT + 30)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
+  timeout $((LEFT + 60)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \
     "${UNESTIMATED[@]}" \

@@ -111,3 +111,19 @@ def test_each_process_logs_into_out_so_a_stopped_call_keeps_its_log(tmp_path):
     assert (logs / "1-hybrid.log").read_text() == "ran run hybrid\n"
     assert (logs / "2-pure_llama.log").read_text() == "ran run pure_llama\n"
     assert out.rstrip().endswith("ran run pure_llama")
+
+
+def test_each_process_may_run_a_minute_past_its_budget(tmp_path):
+    """`timeout` gives each process its budget plus 60 s: a batch starts where its training
+    wall fits the budget less validation.py's 30 s reserve, and the process needs up to
+    ~50 s beyond that wall to hand off, which a tighter limit would cut off."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "timeout"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$1" >> {shlex.quote(str(tmp_path / "t.txt"))}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    subprocess.run(["bash", SCRIPT, "300", "pure_llama:paper"], env=env, check=True,
+                   capture_output=True, cwd=REPO, timeout=60)
+    limit = int((tmp_path / "t.txt").read_text())
+    assert 300 + 55 <= limit <= 300 + 60
