@@ -19,20 +19,33 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "gpu_studies_call.sh")
 
 
+def _stand_in(tmp_path, name, body):
+    """Writes an executable bash script ``name`` with ``body`` into ``tmp_path/bin``, which
+    `_script_env` puts first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / name
+    fake.write_text(f"#!/usr/bin/env bash\n{body}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+
+
+def _script_env(tmp_path, **extra):
+    """The script's environment: the stand-ins first on PATH, $OUT under ``tmp_path``."""
+    return dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                OUT=str(tmp_path / "out"), **extra)
+
+
 def _run(tmp_path, *args):
     """Runs the script with a recording ``python3``; returns (exit code, output, the
     recorded ``validation.py run`` command lines as argument lists)."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "python3"
+    log = tmp_path / "calls.txt"
     flags = shlex.quote(str(tmp_path / "xla_flags.txt"))
-    fake.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {shlex.quote(str(log))}\n'
-                    f'echo >> {shlex.quote(str(log))}\necho "$XLA_FLAGS" >> {flags}\n'
-                    f'echo "ran $2 $3"\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    proc = subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    _stand_in(tmp_path, "python3",
+              f'printf "%q " "$@" >> {shlex.quote(str(log))}\n'
+              f'echo >> {shlex.quote(str(log))}\necho "$XLA_FLAGS" >> {flags}\n'
+              f'echo "ran $2 $3"')
+    proc = subprocess.run(["bash", SCRIPT, *args], env=_script_env(tmp_path),
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
     calls = [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, calls
 
@@ -87,12 +100,9 @@ def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path
     before = os.environ.get("XLA_FLAGS", "")  # the suite's own CPU flags, if any
     assert flags == [f"{before + ' ' if before else ''}--xla_gpu_load_autotune_results_from="
                      f"{committed} --xla_gpu_dump_autotune_results_to={p}" for p in picks]
-    bin_dir = tmp_path / "bin"  # a python3 that writes the file, as XLA would
-    (bin_dir / "python3").write_text(
-        '#!/usr/bin/env bash\nf="${XLA_FLAGS##*dump_autotune_results_to=}"; '
-        'echo "version: 3" > "$f"\n')
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true")
+    _stand_in(tmp_path, "python3",  # one that writes the file, as XLA would
+              'f="${XLA_FLAGS##*dump_autotune_results_to=}"; echo "version: 3" > "$f"')
+    env = _script_env(tmp_path, XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true")
     subprocess.run(["bash", SCRIPT, "540", "pure_llama:paper"], env=env, check=True,
                    capture_output=True, cwd=REPO, timeout=60)
     assert (tmp_path / "out" / "autotune" / "1-pure_llama.textproto.gz").exists()
@@ -117,13 +127,8 @@ def test_each_process_may_run_a_minute_past_its_budget(tmp_path):
     """`timeout` gives each process its budget plus 60 s: a batch starts where its training
     wall fits the budget less validation.py's 30 s reserve, and the process needs up to
     ~50 s beyond that wall to hand off, which a tighter limit would cut off."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "timeout"
-    fake.write_text(f'#!/usr/bin/env bash\necho "$1" >> {shlex.quote(str(tmp_path / "t.txt"))}\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
-    subprocess.run(["bash", SCRIPT, "300", "pure_llama:paper"], env=env, check=True,
-                   capture_output=True, cwd=REPO, timeout=60)
+    _stand_in(tmp_path, "timeout", f'echo "$1" >> {shlex.quote(str(tmp_path / "t.txt"))}')
+    subprocess.run(["bash", SCRIPT, "300", "pure_llama:paper"], env=_script_env(tmp_path),
+                   check=True, capture_output=True, cwd=REPO, timeout=60)
     limit = int((tmp_path / "t.txt").read_text())
     assert 300 + 55 <= limit <= 300 + 60
