@@ -336,7 +336,7 @@ STUDIES = {s.name: s for s in (
         # H200 time a pair in batches of six, ~3.6 h for all 151; `validation.py plan`
         # lists those done). The count is fixed here from those 30 pairs, not by
         # stopping once the interval is narrow enough, which would bias it; if 151 pairs
-        # leave it wider (36 pairs gave 2.40 pp), it is reported as it is.
+        # leave it wider, it is reported as it is (docs/STUDY.md gives the sd so far).
         # The paper recipe's BF16-forward-tail variant runs as a fork of a paper batch, for
         # the last 18% of the steps (`seed_batch`), on the seeds of the batches that forked
         # it: the paper runs of Python seeds 3-28 and prose seeds 3-11 were trained before
