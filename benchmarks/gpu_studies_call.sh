@@ -22,10 +22,18 @@
 # batch where the batch's training wall fits its budget less a 30 s reserve, and then
 # spends up to ~50 s more on the corpus, the BF16-forward evaluation and the handoff
 # (benchmarks/results/2026-12-03-h200ab), so a call's BUDGET must leave 40 s or more of
-# its device limit beyond it for the last process to hand off.
+# the device tool's 600 s call limit beyond it for the last process to hand off: the
+# script refuses a BUDGET over 560 (a call at 596 ran into the limit during its last
+# process's final handoff: benchmarks/results/2026-12-03-h200ac).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 BUDGET=${1:?budget in seconds}; shift
+CALL_LIMIT=600  # the device tool's limit on one command, in seconds
+if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -gt $((CALL_LIMIT - 40)) ]; then
+  echo "BUDGET must be whole seconds, at most $((CALL_LIMIT - 40)) (40 s of the" \
+    "${CALL_LIMIT} s call limit for the last process's handoff), got '$BUDGET'"
+  exit 2
+fi
 T0=$SECONDS
 LOAD=
 if [ -f studies/autotune_picks.textproto ]; then

@@ -132,3 +132,21 @@ def test_each_process_may_run_a_minute_past_its_budget(tmp_path):
                    check=True, capture_output=True, cwd=REPO, timeout=60)
     limit = int((tmp_path / "t.txt").read_text())
     assert 300 + 55 <= limit <= 300 + 60
+
+
+@pytest.mark.parametrize("budget", ["561", "596", "5.5", "soon"])
+def test_a_budget_that_leaves_under_40_s_of_the_call_limit_is_refused(tmp_path, budget):
+    """A call's last process may hand off up to ~25 s past the budget, so the script
+    refuses a BUDGET that leaves less than 40 s of the device tool's 600 s limit (or is not
+    whole seconds), before running anything: a call at 596 s ran into the limit during its
+    last process's final handoff."""
+    rc, out, calls = _run(tmp_path, budget, "pure_llama:paper")
+    assert rc == 2 and "at most 560" in out and f"got '{budget}'" in out
+    assert calls == []
+
+
+def test_a_budget_of_560_runs(tmp_path):
+    """560 s, the most the script accepts, runs its studies."""
+    rc, out, calls = _run(tmp_path, "560", "pure_llama:paper")
+    assert rc == 0, out
+    assert float(_opt(calls[0], "--budget-s")) == 560
