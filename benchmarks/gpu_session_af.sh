@@ -18,7 +18,9 @@
 # estimated, ~145 s with its process). Call 3 gets `status` budget_left_s - 70, and 130 s
 # less again where status says the machine is not warm, at most 560: the paper batch
 # runs from ~345 s (then the three BF16 seeds too from ~510 s); below that the BF16
-# batch of six runs instead (from ~230 s), then the three where they fit.
+# batch of six runs instead (from ~230 s), then the three where they fit. Each batch's
+# log now says where its process's time beyond the training wall goes (setup,
+# initialization and final evaluation, results, handoff): record it in BENCHMARKS.
 case ${1:?call 1, 2 or 3} in
   1)  # prose paper s60-65 (~366 s); prose bf16 s78-80 (~145 s)
     bash benchmarks/gpu_studies_call.sh 560 \

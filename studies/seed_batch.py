@@ -367,6 +367,7 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
             for u in forks)):
         raise ValueError(f"fork units are the tail variant of {first.variant} ({tail}) on "
                          f"the batch's seeds {seeds}, got {[u.name for u in forks]}")
+    t_setup = time.perf_counter()
     steps = spec.steps(first.tokens_per_param)
     cfgs = [spec.run_config(u) for u in units]
     data = [data_lib.Batches(corpus.train, batch=c.batch, seq=c.seq, seed=u.seed)
@@ -379,7 +380,9 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
     if forks:
         fork = train_lib.PrecisionSchedule.bf16_forward_tail(
             total_steps=steps, fraction=spec.run_config(forks[0]).bf16_forward_tail)
+    t_train = time.perf_counter()
     out = train_seeds(batch, data, val, steps=steps, progress=progress, fork=fork)
+    t_write = time.perf_counter()
     env = environment(command)
     written = _write_units(spec, batch, units, out, steps, epochs, corpus, results, env,
                            val, start=0)
@@ -389,6 +392,14 @@ def run_seed_batch(spec: StudySpec, units: Sequence[Unit], results: Path,
             spec, batch, forks, out["fork"], steps, epochs, corpus, results, env, val,
             start=fork.switch_step, positions=[index[u.seed] for u in forks],
             forked_from={u.seed: u for u in units})
+    if progress:
+        # Where a process's time beyond the batch's training wall goes: the call scripts
+        # budget it (benchmarks/gpu_studies_call.sh).
+        trained = out["train_wall_s"] + (out["fork"]["train_wall_s"] if forks else 0.0)
+        print(f"  batch outside its training wall: {t_train - t_setup:.0f}s setup (model, "
+              f"data), {t_write - t_train - trained:.0f}s initialization and final "
+              f"evaluation, {time.perf_counter() - t_write:.0f}s results (BF16-forward "
+              "evaluation, files)", flush=True)
     return written
 
 
@@ -508,5 +519,8 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
                       f"{sb['train_wall_s']:.0f}s", flush=True)
         done += out
         if after_batch is not None:
+            t_handoff = time.perf_counter()
             after_batch()
+            if progress:
+                print(f"  handed off in {time.perf_counter() - t_handoff:.0f}s", flush=True)
     return done

@@ -5,6 +5,7 @@ import doctest
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -728,9 +729,14 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     units = [study_specs.Unit("python", 0.003, "down_only", s) for s in (0, 1)]
     corpus = _corpus()
     batched = seed_batch.run_seed_batch(spec, units, tmp_path / "b", corpus, progress=True)
+    printed = capsys.readouterr().out.splitlines()
+    # Progress says where the batch's time beyond its training wall went, once.
+    phases = [ln for ln in printed if ln.startswith("  batch outside its training wall: ")]
+    assert len(phases) == 1 and re.search(
+        r": \d+s setup .*, -?\d+s initialization .*, \d+s results ", phases[0]), phases
     # Progress prints both seeds' validation at the evaluation that shares its step with
     # a diagnostics sample.
-    progress = [ln for ln in capsys.readouterr().out.splitlines() if "val bpb" in ln]
+    progress = [ln for ln in printed if "val bpb" in ln]
     assert len(progress) == 1 and progress[0].startswith("  step 4/8: val bpb ")
     assert len(progress[0].split("val bpb ")[1].split()) == 2
     for unit, r in zip(units, batched, strict=True):
@@ -1046,8 +1052,9 @@ def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_p
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
-        tmp_path, monkeypatch):
-    """After each finished batch the hook runs (so a call cut off later keeps it); a
+        tmp_path, monkeypatch, capsys):
+    """After each finished batch the hook runs (so a call cut off later keeps it) and,
+    with progress, its time is printed; a
     batch whose estimate exceeds the time left is not started, even for a variant not
     timed before (the failure that lost a finished batch on the H200: an untimed batch
     was started with 240 s left and killed), and a later batch that fits still runs."""
@@ -1078,8 +1085,9 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     monkeypatch.setattr(seed_batch, "run_seed_batch", fake_batch)
     handed = []
     done = seed_batch.run_seed_batches(
-        spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0,
+        spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0, progress=True,
         after_batch=lambda: handed.append(len(list(tmp_path.glob("*.json")))))
+    assert capsys.readouterr().out.count("  handed off in 0s\n") == 3
     # Each batch of seeds 0-1 (seed 2 alone is not batched) takes 100 s here. bf16, no
     # BF16 batch timed, runs unestimated as the call's first (to 100 s); paper needs
     # 1.25 x no_sr's 50 s (to 200 s); four_over_six 1.25 x paper's 100 s, more than the
