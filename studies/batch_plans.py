@@ -120,14 +120,16 @@ def batch_wall_estimate(spec: StudySpec, results: Path, units: Sequence[Unit], *
     where that is unknown). Where ``compiled`` (the batch runs on an earlier batch's
     programs: `BatchPrograms`), the own batch it is estimated from counts without its
     compilation (its first step); otherwise batches that ran on an earlier batch's programs
-    are no guide (they compiled nothing).
+    or loaded theirs from the persistent compilation cache (``compile_cache_hits``) are no
+    guide (they compiled nothing, or next to nothing).
     """
     tpp = units[0].tokens_per_param
     timed = [(u.variant, {**sb, "compile_s": r.get("compile_s") or 0.0})
              for u in spec.units() if u.tokens_per_param == tpp
              for r in [finished(results, u)] if r and r.get("seed_batch")
              for sb in [r["seed_batch"]]
-             if (compiled or not sb.get("reused_programs")) and not r.get("forked_from")]
+             if (compiled or not (sb.get("reused_programs") or sb.get("compile_cache_hits")))
+             and not r.get("forked_from")]
     n = len(units)
     mine = [sb for v, sb in timed if v == units[0].variant]
     own = [sb for sb in mine if len(sb["seeds"]) >= n]

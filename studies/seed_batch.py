@@ -34,9 +34,10 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,30 @@ class BatchPrograms:
         return (spec.name, units[0].variant, units[0].tokens_per_param, len(units))
 
 
+@contextlib.contextmanager
+def compile_cache_hits() -> Iterator[list[int]]:
+    """Counts JAX's persistent compilation cache hits within the block (a one-element
+    list, updated as they happen).
+
+    Example:
+      >>> with compile_cache_hits() as hits:
+      ...     pass
+      >>> hits
+      [0]
+    """
+    hits = [0]
+
+    def listener(event: str, **_: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            hits[0] += 1
+
+    jax.monitoring.register_event_listener(listener)
+    try:
+        yield hits
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+
+
 def _copy_state(state: Any) -> Any:
     """New buffers holding ``state``'s arrays: the donating step leaves the copy alone."""
     return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
@@ -217,44 +242,47 @@ def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
         pending.clear()
 
     t_start = time.perf_counter()
-    feed = data_lib.DevicePrefetcher(stacked_batches(data), start, steps, depth=tl.PREFETCH)
-    try:
-        for i, stacked in feed:
-            if i == keep_at:
-                kept = _copy_state(state)
-            mode = mode_of(i)
-            t_switch = switches.begin(mode, state.params)
-            state, metrics = step_fn(state, stacked, mode=mode)
-            switches.end(t_switch, state.params)
-            done = i + 1
-            if i == start:
-                jax.block_until_ready(state.params)
-                t_warm = time.perf_counter()
-            in_flight.append(metrics["loss"])
-            if len(in_flight) > tl.STEPS_AHEAD:  # the training loop's flow control
-                jax.block_until_ready(in_flight.popleft())
-            if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
-                pending.append((done, {**metrics, "mode": mode,
-                                       "tokens": done * cfg.batch * cfg.seq}))
-            evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
-            diagnose = batch.diag_every and done % batch.diag_every == 0
-            if evaluate or diagnose:
-                flush()  # records stay in step order
-                jax.block_until_ready(state.params)
-                t_pause = time.perf_counter()
-                if evaluate:
-                    vals = batch.evaluate(state.params, val, mode)
-                    for s, v in enumerate(vals):
-                        records[s].append({"step": done, "val_bits_per_byte": float(v)})
-                if diagnose:
-                    for s, flat in batch.diagnose(state.params, stacked, mode).items():
-                        records[s].append({"step": done, **flat})
-                paused += time.perf_counter() - t_pause
-                if progress and evaluate:
-                    print(f"  step {done}/{steps}: val bpb "
-                          + " ".join(f"{v:.4f}" for v in vals), flush=True)
-    finally:
-        feed.close()
+    # The persistent cache's hits while the span compiles: a batch that loaded its
+    # programs is no guide to how long a fresh batch compiles (`batch_wall_estimate`).
+    with compile_cache_hits() as cache_hits:
+        feed = data_lib.DevicePrefetcher(stacked_batches(data), start, steps, depth=tl.PREFETCH)
+        try:
+            for i, stacked in feed:
+                if i == keep_at:
+                    kept = _copy_state(state)
+                mode = mode_of(i)
+                t_switch = switches.begin(mode, state.params)
+                state, metrics = step_fn(state, stacked, mode=mode)
+                switches.end(t_switch, state.params)
+                done = i + 1
+                if i == start:
+                    jax.block_until_ready(state.params)
+                    t_warm = time.perf_counter()
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > tl.STEPS_AHEAD:  # the training loop's flow control
+                    jax.block_until_ready(in_flight.popleft())
+                if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
+                    pending.append((done, {**metrics, "mode": mode,
+                                           "tokens": done * cfg.batch * cfg.seq}))
+                evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
+                diagnose = batch.diag_every and done % batch.diag_every == 0
+                if evaluate or diagnose:
+                    flush()  # records stay in step order
+                    jax.block_until_ready(state.params)
+                    t_pause = time.perf_counter()
+                    if evaluate:
+                        vals = batch.evaluate(state.params, val, mode)
+                        for s, v in enumerate(vals):
+                            records[s].append({"step": done, "val_bits_per_byte": float(v)})
+                    if diagnose:
+                        for s, flat in batch.diagnose(state.params, stacked, mode).items():
+                            records[s].append({"step": done, **flat})
+                    paused += time.perf_counter() - t_pause
+                    if progress and evaluate:
+                        print(f"  step {done}/{steps}: val bpb "
+                              + " ".join(f"{v:.4f}" for v in vals), flush=True)
+        finally:
+            feed.close()
     jax.block_until_ready(state.params)
     t_end = time.perf_counter()
     flush()
@@ -268,7 +296,7 @@ def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
         "first_step_s": t_warm - t_start if t_warm else None,
         "step_time_s": switches.step_time(t_end - t_warm - paused, steps - start - 1)
         if t_warm else None,
-        "mode_switch_s": switches.seconds, "kept": kept,
+        "mode_switch_s": switches.seconds, "kept": kept, "compile_cache_hits": cache_hits[0],
     }
 
 
@@ -292,7 +320,8 @@ def train_seeds(batch: SeedBatch, data: Sequence[data_lib.Batches], val: list, *
       ``diag_every`` for `SeedBatch.diag_indices`), and the shared
       ``step_time_s`` (after the first step, without the first step in a later
       precision mode: `train_llama.ModeSwitches`), ``first_step_s``, ``paused_s``,
-      ``mode_switch_s``, ``train_wall_s`` and ``final_mode``. Given ``fork``, ``fork``
+      ``mode_switch_s``, ``train_wall_s``, ``final_mode`` and ``compile_cache_hits``
+      (`compile_cache_hits` over the span). Given ``fork``, ``fork``
       holds the same for the forked runs: their records are the batch's up to the switch
       and then their own; their times are those of the steps after the switch, whose
       first (compiling the mode's program) is their ``mode_switch_s``.
@@ -436,7 +465,8 @@ def _write_units(spec: StudySpec, batch: SeedBatch, units: Sequence[Unit], out: 
             "train_wall_s": out["train_wall_s"], "paused_s": out["paused_s"],
             "mode_switch_s": out["mode_switch_s"],
             "samples_diagnostics": bool(batch.diag_indices),
-            "reused_programs": batch.reused_programs}}
+            "reused_programs": batch.reused_programs,
+            "compile_cache_hits": out["compile_cache_hits"]}}
         if forked_from is not None:
             source = forked_from[unit.seed]
             extra["forked_from"] = {"unit": source.name, "variant": source.variant,

@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--compile-cache", default=None,
                    help="JAX persistent compilation cache (default RESULTS/work/jax_cache; "
                         "'none': off)")
+    r.add_argument("--no-cache-handoff", action="store_true",
+                   help="hand off results only: the compilation cache stays on this "
+                        "machine for a later call on it")
     r.add_argument("--progress", action="store_true")
     r.add_argument("--seed-batch", type=int, default=0, metavar="K",
                    help="train up to K seeds of a variant as one vmapped program "
@@ -197,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"cut off; {time.perf_counter() - t_begin:.0f}s", flush=True)
     finally:
         if a.handoff:
+            cache_stays = cache == "none" or a.no_cache_handoff
             for line in pack_handoff(spec, results, Path(a.handoff),
-                                     None if cache == "none" else Path(cache)):
+                                     None if cache_stays else Path(cache)):
                 print(line, flush=True)
         signal.signal(signal.SIGTERM, previous_sigterm)
     left = [u for u in spec.units() if not finished(results, u)]

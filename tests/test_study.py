@@ -116,6 +116,28 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
     assert out == []
 
 
+@pytest.mark.parametrize("flag", [[], ["--no-cache-handoff"]])
+def test_cli_run_hands_off_the_compilation_cache_unless_told_to_keep_it(
+        tmp_path, monkeypatch, flag):
+    """``validation.py run --handoff OUT`` packs the compilation cache's entries beside
+    the results; with ``--no-cache-handoff`` it hands off the results only (the call
+    scripts keep the cache on the device machine for its next call)."""
+    monkeypatch.setattr(validation, "run_seed_batches", lambda *_, **__: [])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "jit_step-1-cache").write_bytes(b"x" * 100)
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        assert validation.main(["run", "smoke", "--budget-s", "60", "--seed-batch", "2",
+                                "--results", str(tmp_path / "results"), "--handoff",
+                                str(tmp_path / "out"), "--compile-cache", str(cache),
+                                *flag]) == 0
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    handed = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert handed == ([] if flag else ["cache-smoke.tar.part0"]) + ["results-smoke.tar.gz"]
+
+
 def test_cli_plan_prints_the_study_and_each_units_state(tmp_path, capsys):
     """``validation.py plan STUDY --no-corpus``, the command line over the study modules:
     the study's title, a finished unit with its final loss, every other unit not started."""
@@ -742,6 +764,7 @@ def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     for unit, r in zip(units, batched, strict=True):
         single = unit_runs.run_unit(spec, unit, tmp_path / "s", corpus).result
         assert r["seed_batch"]["seeds"] == [0, 1] and r["seed"] == unit.seed
+        assert r["seed_batch"]["compile_cache_hits"] == 0  # no persistent cache here
         assert [p[0] for p in r["val_curve"]] == [p[0] for p in single["val_curve"]] == [4, 8]
         assert [p[0] for p in r["train_curve"]] == [p[0] for p in single["train_curve"]]
         assert r["quantized_layers"] == single["quantized_layers"] == 1
@@ -1049,6 +1072,39 @@ def test_a_batch_on_compiled_programs_is_estimated_without_the_compilation(tmp_p
     write((3, 4, 5), 151.0, 0.5, True)  # the last own batch, on the first one's programs
     assert batch_plans.batch_wall_estimate(spec, tmp_path, batch) == 200.0
     assert batch_plans.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.5
+
+
+def test_a_batch_that_loaded_its_programs_from_the_cache_is_no_guide_to_a_fresh_one(
+        tmp_path):
+    """A batch whose process loaded its programs from the persistent compilation cache
+    (``compile_cache_hits``) compiled next to nothing, so a fresh batch is estimated from
+    the variant's last batch that compiled; on compiled programs it serves, less its
+    first step, like any other."""
+    spec = dataclasses.replace(TINY, seeds=tuple(range(12)), tokens_per_param=(10.0,),
+                               variants=("bf16", "paper"), custom_variants=(),
+                               diag_samples=0)
+    unit = lambda s: study_specs.Unit("python", 10.0, "paper", s)  # noqa: E731
+    _write_fake_batch(tmp_path, spec, "paper", (0, 1, 2), 200.0, compile_s=50.0,
+                      paused_s=5.0, reused_programs=False, compile_cache_hits=0)
+    _write_fake_batch(tmp_path, spec, "paper", (3, 4, 5), 152.0, compile_s=2.0,
+                      paused_s=5.0, reused_programs=False, compile_cache_hits=3)
+    batch = [unit(s) for s in (9, 10, 11)]
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch) == 200.0
+    assert batch_plans.batch_wall_estimate(spec, tmp_path, batch, compiled=True) == 150.0
+
+
+def test_compile_cache_hits_counts_the_caches_hits_within_its_block():
+    """The counter sees the persistent cache's hit events recorded inside its block only,
+    and stops listening when the block ends."""
+    import seed_batch  # noqa: PLC0415
+
+    event = "/jax/compilation_cache/cache_hits"
+    with seed_batch.compile_cache_hits() as hits:
+        jax.monitoring.record_event(event)
+        jax.monitoring.record_event("/jax/compilation_cache/cache_misses")
+        jax.monitoring.record_event(event)
+    jax.monitoring.record_event(event)
+    assert hits == [2]
 
 
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
