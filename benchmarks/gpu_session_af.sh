@@ -11,28 +11,36 @@
 # pure_llama (study_specs at 0554643) plans 151 prose pairs (BF16 and the paper recipe);
 # paper s0-59 and BF16 s0-77 are done, so paper is 18 seeds behind and each call gives
 # it a batch of six. The twenty-fifth session's processes, start and handoff included: a
-# paper batch of six 355-366 s (batch 311-312 s), a BF16 batch of six 221-234 s (194-198
-# s). A call's budget is at most 560 s (gpu_studies_call.sh: 40 s of the 600 s limit for
-# the last handoff), which after a paper batch leaves 194-218 s: too little for a BF16
-# batch of six (~194 s estimated plus the 30 s reserve), enough for one of three (~111 s
-# estimated, ~145 s with its process). Call 3 gets `status` budget_left_s - 70, and 130 s
-# less again where status says the machine is not warm, at most 560: the paper batch
-# runs from ~345 s (then the three BF16 seeds too from ~510 s); below that the BF16
-# batch of six runs instead (from ~230 s), then the three where they fit. Each batch's
-# log now says where its process's time beyond the training wall goes (setup,
-# initialization and final evaluation, results, handoff): record it in BENCHMARKS.
+# paper batch of six 355-366 s (batch 311-312 s, ~46 s of it compiling), a BF16 batch of
+# six 221-234 s (194-198 s, ~10 s compiling). A call's budget is at most 560 s
+# (gpu_studies_call.sh: 40 s of the 600 s limit for the last handoff). Each call asks
+# for a paper batch of six (estimated ~312 s, so it runs from ~342 s), then a BF16
+# batch of six (~194 s estimated, runs from ~224 s left), then three of those BF16
+# seeds (~111 s, from ~141 s left), which run only where the six did not. A call on a
+# machine that compiled a program in an earlier call of the session loads it from the
+# compilation cache (new this session: gpu_studies_call.sh's header): expected, a paper
+# process of ~320 s instead of ~360 s, which leaves the BF16 six their ~224 s in calls
+# 2 and 3; after call 1's cold paper process only the three fit. Whether the cache
+# served: the results' seed_batch.compile_cache_hits and compile_s (a few seconds, not
+# ~46 s for paper); record it, and where each process's time beyond its training wall
+# went (each batch's "outside its training wall" line). BF16 seeds that neither ran
+# (s81-83 where call 1 ran three) go to the next session. Call 3 gets `status`
+# budget_left_s - 70, and 130 s less again where status says the machine is not warm,
+# at most 560.
 case ${1:?call 1, 2 or 3} in
-  1)  # prose paper s60-65 (~366 s); prose bf16 s78-80 (~145 s)
+  1)  # prose paper s60-65; prose bf16 s78-83, or s78-80 where six do not fit
     bash benchmarks/gpu_studies_call.sh 560 \
       pure_llama:paper:prose:60,61,62,63,64,65:6 \
+      pure_llama:bf16:prose:78,79,80,81,82,83:6 \
       pure_llama:bf16:prose:78,79,80:3 ;;
-  2)  # prose paper s66-71 (~366 s); prose bf16 s81-83 (~145 s)
+  2)  # prose paper s66-71; prose bf16 s84-89, or s84-86 where six do not fit
     bash benchmarks/gpu_studies_call.sh 560 \
       pure_llama:paper:prose:66,67,68,69,70,71:6 \
-      pure_llama:bf16:prose:81,82,83:3 ;;
-  3)  # prose paper s72-77 where it fits, else prose bf16 s84-89; prose bf16 s90-92
+      pure_llama:bf16:prose:84,85,86,87,88,89:6 \
+      pure_llama:bf16:prose:84,85,86:3 ;;
+  3)  # prose paper s72-77 where it fits; prose bf16 s90-95, or s90-92 where six do not fit
     bash benchmarks/gpu_studies_call.sh "${2:?budget in seconds, at most 560}" \
       pure_llama:paper:prose:72,73,74,75,76,77:6 \
-      pure_llama:bf16:prose:84,85,86,87,88,89:6 \
+      pure_llama:bf16:prose:90,91,92,93,94,95:6 \
       pure_llama:bf16:prose:90,91,92:3 ;;
 esac

@@ -8,7 +8,15 @@
 # file); MIN: a batch that nothing timed yet (the first of its length and kind, BF16 or
 # NVFP4) starts only with MIN seconds left; without MIN, only as the first study's first.
 # Each study gets what the ones before it left of BUDGET seconds (skipped under 60 s) and
-# hands its results off into $OUT/STUDY, without compilation-cache entries. Each process
+# hands its results off into $OUT/STUDY, without compilation-cache entries: the processes
+# share JAX's persistent compilation cache in the study's ignored work folder
+# (studies/results/STUDY/work/jax_cache), which the device tool keeps on a warm machine
+# between calls, so a later call on it loads what an earlier one compiled (the paper
+# recipe's batch of six compiles for ~45 s). The XLA flags below are part of the cache
+# key, so they name the same files in every call (the device's tree and $OUT keep their
+# paths); a process that loads all its programs runs no autotuning and dumps no picks,
+# and `batch_plans.batch_wall_estimate` still counts a compilation for a fresh batch.
+# Each process
 # writes the kernels XLA's autotuner picked to $OUT/autotune/N-STUDY.textproto.gz
 # (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls,
 # and its log to $OUT/logs/N-STUDY.log as it runs: a call the device tool stops at its
@@ -56,7 +64,7 @@ for ARG in "$@"; do
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
   timeout $((LEFT + 60)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
-    --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --compile-cache none --progress \
+    --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --no-cache-handoff --progress \
     "${UNESTIMATED[@]}" \
     > "$LOG" 2>&1
   RC=$?
