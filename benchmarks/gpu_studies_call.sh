@@ -16,11 +16,11 @@
 # key, so they name the same files in every call (the device's tree and $OUT keep their
 # paths); a process that loads all its programs runs no autotuning and dumps no picks,
 # and `batch_plans.batch_wall_estimate` still counts a compilation for a fresh batch.
-# Each process
-# writes the kernels XLA's autotuner picked to $OUT/autotune/N-STUDY.textproto.gz
-# (N: the argument's place), for `benchmarks/autotune_picks.py` to compare across calls,
-# and its log to $OUT/logs/N-STUDY.log as it runs: a call the device tool stops at its
-# limit still brings back how far each process got.
+# Each process writes the kernels XLA's autotuner picked to
+# $OUT/autotune/N-STUDY.textproto.gz (N: the argument's place), for
+# `benchmarks/autotune_picks.py` to compare across calls, and its log to
+# $OUT/logs/N-STUDY.log as it runs: a call the device tool stops at its limit still
+# brings back how far each process got.
 # Each process loads the committed picks, studies/autotune_picks.textproto (where it is
 # there): a program they cover gets the same kernels in every process and session, so
 # that a run of one seed repeats bit for bit (shown on the H200 in

@@ -244,45 +244,42 @@ def _train_span(batch: SeedBatch, step_fn: Callable, state: Any,
     t_start = time.perf_counter()
     # The persistent cache's hits while the span compiles: a batch that loaded its
     # programs is no guide to how long a fresh batch compiles (`batch_wall_estimate`).
-    with compile_cache_hits() as cache_hits:
-        feed = data_lib.DevicePrefetcher(stacked_batches(data), start, steps, depth=tl.PREFETCH)
-        try:
-            for i, stacked in feed:
-                if i == keep_at:
-                    kept = _copy_state(state)
-                mode = mode_of(i)
-                t_switch = switches.begin(mode, state.params)
-                state, metrics = step_fn(state, stacked, mode=mode)
-                switches.end(t_switch, state.params)
-                done = i + 1
-                if i == start:
-                    jax.block_until_ready(state.params)
-                    t_warm = time.perf_counter()
-                in_flight.append(metrics["loss"])
-                if len(in_flight) > tl.STEPS_AHEAD:  # the training loop's flow control
-                    jax.block_until_ready(in_flight.popleft())
-                if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
-                    pending.append((done, {**metrics, "mode": mode,
-                                           "tokens": done * cfg.batch * cfg.seq}))
-                evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
-                diagnose = batch.diag_every and done % batch.diag_every == 0
-                if evaluate or diagnose:
-                    flush()  # records stay in step order
-                    jax.block_until_ready(state.params)
-                    t_pause = time.perf_counter()
-                    if evaluate:
-                        vals = batch.evaluate(state.params, val, mode)
-                        for s, v in enumerate(vals):
-                            records[s].append({"step": done, "val_bits_per_byte": float(v)})
-                    if diagnose:
-                        for s, flat in batch.diagnose(state.params, stacked, mode).items():
-                            records[s].append({"step": done, **flat})
-                    paused += time.perf_counter() - t_pause
-                    if progress and evaluate:
-                        print(f"  step {done}/{steps}: val bpb "
-                              + " ".join(f"{v:.4f}" for v in vals), flush=True)
-        finally:
-            feed.close()
+    with compile_cache_hits() as cache_hits, contextlib.closing(data_lib.DevicePrefetcher(
+            stacked_batches(data), start, steps, depth=tl.PREFETCH)) as feed:
+        for i, stacked in feed:
+            if i == keep_at:
+                kept = _copy_state(state)
+            mode = mode_of(i)
+            t_switch = switches.begin(mode, state.params)
+            state, metrics = step_fn(state, stacked, mode=mode)
+            switches.end(t_switch, state.params)
+            done = i + 1
+            if i == start:
+                jax.block_until_ready(state.params)
+                t_warm = time.perf_counter()
+            in_flight.append(metrics["loss"])
+            if len(in_flight) > tl.STEPS_AHEAD:  # the training loop's flow control
+                jax.block_until_ready(in_flight.popleft())
+            if cfg.log_every and (done % cfg.log_every == 0 or done == steps):
+                pending.append((done, {**metrics, "mode": mode,
+                                       "tokens": done * cfg.batch * cfg.seq}))
+            evaluate = cfg.eval_every and done % cfg.eval_every == 0 and done < steps
+            diagnose = batch.diag_every and done % batch.diag_every == 0
+            if evaluate or diagnose:
+                flush()  # records stay in step order
+                jax.block_until_ready(state.params)
+                t_pause = time.perf_counter()
+                if evaluate:
+                    vals = batch.evaluate(state.params, val, mode)
+                    for s, v in enumerate(vals):
+                        records[s].append({"step": done, "val_bits_per_byte": float(v)})
+                if diagnose:
+                    for s, flat in batch.diagnose(state.params, stacked, mode).items():
+                        records[s].append({"step": done, **flat})
+                paused += time.perf_counter() - t_pause
+                if progress and evaluate:
+                    print(f"  step {done}/{steps}: val bpb "
+                          + " ".join(f"{v:.4f}" for v in vals), flush=True)
     jax.block_until_ready(state.params)
     t_end = time.perf_counter()
     flush()
