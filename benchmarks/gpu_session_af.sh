@@ -18,8 +18,10 @@
 # batch of six (~194 s estimated, runs from ~224 s left), then three of those BF16
 # seeds (~111 s, from ~141 s left), which run only where the six did not. A call on a
 # machine that compiled a program in an earlier call of the session loads it from the
-# compilation cache (new this session: gpu_studies_call.sh's header): expected, a paper
-# process of ~320 s instead of ~360 s, which leaves the BF16 six their ~224 s in calls
+# compilation cache (new this session: gpu_studies_call.sh's header; two fresh
+# processes lower the same NVFP4 program, tests/test_compile_cache_keys.py, but no
+# H200 process has loaded one yet): expected, a paper process of ~320 s instead of
+# ~360 s, which leaves the BF16 six their ~224 s in calls
 # 2 and 3; after call 1's cold paper process only the three fit. Whether the cache
 # served: the results' seed_batch.compile_cache_hits and compile_s (a few seconds, not
 # ~46 s for paper); record it, and where each process's time beyond its training wall

@@ -571,10 +571,11 @@ results; the checkpoint of a unit the budget cut off, when it fits the tool's 64
 `long_data` model's does; a `pure_llama` or `hybrid` unit's does not and restarts:
 `run` starts a unit only when the time measured on an earlier unit of its kind fits
 what is left); and the newest entries of the persistent compilation cache
-(`studies/results/STUDY/work/jax_cache`), which serve the BF16 variants in the next call
-(an NVFP4 step compiles anew in each call: its Pallas Mosaic GPU kernels carry a
-per-trace name in their serialized modules, JAX 0.11.2). Within a call the later seeds of
-a variant reuse the first seed's compiled steps.
+(`studies/results/STUDY/work/jax_cache`), which serve the next call (an NVFP4 step's
+Pallas Mosaic GPU kernels carry a process-wide counter in their serialized modules, JAX
+0.11.2, so only a process that traces in the same order lowers the same program:
+`tests/test_compile_cache_keys.py`). Within a call the later seeds of a variant reuse the
+first seed's compiled steps.
 
 More seeds per device second: `run --seed-batch K` trains K seeds of a variant as one
 vmapped program (`studies/seed_batch.py`): each seed its own initialization, data order
