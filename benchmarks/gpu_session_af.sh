@@ -21,14 +21,13 @@
 # compilation cache (new this session: gpu_studies_call.sh's header; two fresh
 # processes lower the same NVFP4 program, tests/test_compile_cache_keys.py, but no
 # H200 process has loaded one yet): expected, a paper process of ~320 s instead of
-# ~360 s, which leaves the BF16 six their ~224 s in calls
-# 2 and 3; after call 1's cold paper process only the three fit. Whether the cache
-# served: the results' seed_batch.compile_cache_hits and compile_s (a few seconds, not
-# ~46 s for paper); record it, and where each process's time beyond its training wall
-# went (each batch's "outside its training wall" line). BF16 seeds that neither ran
-# (s81-83 where call 1 ran three) go to the next session. Call 3 gets `status`
-# budget_left_s - 70, and 130 s less again where status says the machine is not warm,
-# at most 560.
+# ~360 s, which leaves the BF16 six their ~224 s in calls 2 and 3; after call 1's cold
+# paper process only the three fit. Whether the cache served: the results'
+# seed_batch.compile_cache_hits and compile_s (a few seconds, not ~46 s for paper);
+# record it, and where each process's time beyond its training wall went (each batch's
+# "outside its training wall" line). BF16 seeds that neither ran (s81-83 where call 1
+# ran three) go to the next session. Call 3 gets `status` budget_left_s - 70, and 130 s
+# less again where status says the machine is not warm, at most 560.
 case ${1:?call 1, 2 or 3} in
   1)  # prose paper s60-65; prose bf16 s78-83, or s78-80 where six do not fit
     bash benchmarks/gpu_studies_call.sh 560 \
