@@ -16,28 +16,14 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _LOWER_ONE_LAYER = """
-import hashlib, sys
-import jax, jax.numpy as jnp
-import fp4jax
+import hashlib
+import jax
 from fp4jax import implementation
+from tests.test_compile_size import layer_text_for_cuda
 implementation.gpu_capability = lambda: (9, 0)  # an H200: the kernels' path
-
-
-def fwd_bwd(x, w, key):
-    y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(
-        x, w, (((1,), (0,)), ((), ())), key=key, impl="pallas"), x, w)
-    return vjp(jnp.ones_like(y))
-
-
-def lowered():
-    args = (jax.ShapeDtypeStruct((256, 128), jnp.bfloat16),
-            jax.ShapeDtypeStruct((128, 256), jnp.bfloat16), jax.random.key(0))
-    return jax.jit(fwd_bwd).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-first = lowered()
+first = layer_text_for_cuda("pallas", (256, 128), (128, 256))
 jax.clear_caches()
-second = lowered()
+second = layer_text_for_cuda("pallas", (256, 128), (128, 256))
 assert "mosaic_gpu" in first
 print(hashlib.sha256(first.encode()).hexdigest(), hashlib.sha256(second.encode()).hexdigest())
 """

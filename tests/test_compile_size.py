@@ -77,9 +77,10 @@ def test_gemm_output_scale_is_not_recomputed_per_element():
     assert over_output and max(over_output) <= 16, over_output
 
 
-def _layer_text_for_cuda(impl: str, x_shape, w_shape) -> str:
+def layer_text_for_cuda(impl: str, x_shape, w_shape) -> str:
     """One BF16 linear layer's fwd+bwd through `fp4jax.dot_general` with ``impl``,
-    lowered for CUDA on the host (StableHLO text)."""
+    lowered for CUDA on the host (StableHLO text); `test_compile_cache_keys` lowers it in
+    fresh processes."""
     def fwd_bwd(x, w, key):
         y, vjp = jax.vjp(lambda x, w: fp4jax.dot_general(x, w, _LINEAR, key=key, impl=impl),
                          x, w)
@@ -99,7 +100,7 @@ def test_kernel_path_layer_leaves_xla_no_division(monkeypatch):
     from fp4jax import implementation
 
     monkeypatch.setattr(implementation, "gpu_capability", lambda: (9, 0))  # an H200
-    text = _layer_text_for_cuda("pallas", (4096, 768), (768, 2048))
+    text = layer_text_for_cuda("pallas", (4096, 768), (768, 2048))
     assert "count_leading_zeros" not in text
     ops = len(re.findall(r"= (?:\"?)stablehlo\.", text))
     assert ops <= 600, ops
@@ -153,7 +154,7 @@ def _decoded_kernel_outputs(monkeypatch, prefers_gemm_kernel: bool) -> int:
     monkeypatch.setattr(implementation, "auto_prefers_gemm_kernel",
                         lambda *_: prefers_gemm_kernel)
     jax.clear_caches()  # the layer's traces hold the GEMM choice they were traced with
-    text = _layer_text_for_cuda("auto", (1024, 256), (256, 256))
+    text = layer_text_for_cuda("auto", (1024, 256), (256, 256))
     results = [line[line.rindex("->"):] for line in text.splitlines()
                if "mosaic_gpu_v2" in line and "->" in line]
     return sum(r.count("tensor<64x16x16x8xui32>") for r in results)
