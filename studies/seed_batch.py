@@ -529,7 +529,11 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
             continue  # a later, shorter batch may still fit
         corpus = units[0].corpus
         if corpus not in corpora:
+            t_corpus = time.perf_counter()
             corpora[corpus] = data_lib.load_corpus(**CORPORA[corpus])
+            if progress:
+                print(f"[{spec.name}] corpus {corpus} loaded in "
+                      f"{time.perf_counter() - t_corpus:.0f}s", flush=True)
         print(f"[{spec.name}] seed batch {names}", flush=True)
         try:
             out = run_seed_batch(spec, units, results, corpora[corpus], command=command,

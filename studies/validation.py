@@ -169,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     cache = a.compile_cache or str(results / "work" / "jax_cache")
     if cache != "none":
         jax.config.update("jax_compilation_cache_dir", cache)
-    print(f"  device {jax.devices()[0].device_kind} ({jax.default_backend()}), jax "
-          f"{jax.__version__}, compilation cache {cache}", flush=True)
+    t_backend = time.perf_counter()
+    device = jax.devices()[0]  # starts the backend: CUDA, and loading the autotuning picks
+    print(f"  device {device.device_kind} ({jax.default_backend()}, started in "
+          f"{time.perf_counter() - t_backend:.0f}s, {t_backend - t_begin:.0f}s into the run), "
+          f"jax {jax.__version__}, compilation cache {cache}",
+          flush=True)
     if a.resume_from:
         for line in restore_handoff(spec, results, Path(a.resume_from),
                                     None if cache == "none" else Path(cache)):

@@ -118,10 +118,11 @@ def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
 
 @pytest.mark.parametrize("flag", [[], ["--no-cache-handoff"]])
 def test_cli_run_hands_off_the_compilation_cache_unless_told_to_keep_it(
-        tmp_path, monkeypatch, flag):
+        tmp_path, monkeypatch, capsys, flag):
     """``validation.py run --handoff OUT`` packs the compilation cache's entries beside
     the results; with ``--no-cache-handoff`` it hands off the results only (the call
-    scripts keep the cache on the device machine for its next call)."""
+    scripts keep the cache on the device machine for its next call). Its log says how
+    long the backend took to start."""
     monkeypatch.setattr(validation, "run_seed_batches", lambda *_, **__: [])
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -134,6 +135,8 @@ def test_cli_run_hands_off_the_compilation_cache_unless_told_to_keep_it(
                                 *flag]) == 0
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+    assert re.search(r"\n  device .* \(cpu, started in \d+s, \d+s into the run\), jax ",
+                     capsys.readouterr().out)
     handed = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert handed == ([] if flag else ["cache-smoke.tar.part0"]) + ["results-smoke.tar.gz"]
 
@@ -1110,7 +1113,7 @@ def test_compile_cache_hits_counts_the_caches_hits_within_its_block():
 def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
         tmp_path, monkeypatch, capsys):
     """After each finished batch the hook runs (so a call cut off later keeps it) and,
-    with progress, its time is printed; a
+    with progress, its time and the corpus's loading time are printed; a
     batch whose estimate exceeds the time left is not started, even for a variant not
     timed before (the failure that lost a finished batch on the H200: an untimed batch
     was started with 240 s left and killed), and a later batch that fits still runs."""
@@ -1143,7 +1146,10 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     done = seed_batch.run_seed_batches(
         spec, tmp_path, size=2, budget_s=320.0, t_begin=0.0, progress=True,
         after_batch=lambda: handed.append(len(list(tmp_path.glob("*.json")))))
-    assert capsys.readouterr().out.count("  handed off in 0s\n") == 3
+    printed = capsys.readouterr().out
+    assert printed.count("  handed off in 0s\n") == 3
+    # The corpus loads once, before the call's first batch, and says how long it took.
+    assert printed.count("corpus python loaded in 0s\n") == 1
     # Each batch of seeds 0-1 (seed 2 alone is not batched) takes 100 s here. bf16, no
     # BF16 batch timed, runs unestimated as the call's first (to 100 s); paper needs
     # 1.25 x no_sr's 50 s (to 200 s); four_over_six 1.25 x paper's 100 s, more than the
