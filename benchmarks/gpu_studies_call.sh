@@ -11,11 +11,13 @@
 # hands its results off into $OUT/STUDY, without compilation-cache entries: the processes
 # share JAX's persistent compilation cache in the study's ignored work folder
 # (studies/results/STUDY/work/jax_cache), which the device tool keeps on a warm machine
-# between calls, so a later call on it loads what an earlier one compiled (the paper
-# recipe's batch of six compiles for ~45 s). The XLA flags below are part of the cache
-# key, so they name the same files in every call (the device's tree and $OUT keep their
-# paths); a process that loads all its programs runs no autotuning and dumps no picks,
-# and `batch_plans.batch_wall_estimate` still counts a compilation for a fresh batch.
+# between calls, so a later call on it loads what an earlier one compiled: on the H200
+# a paper batch of six that its machine had compiled in the call before took 271 s
+# instead of 315 s, its first step 21 s instead of 50 s (benchmarks/results/
+# 2026-12-03-h200ad). The XLA flags below are part of the cache key, so they name the
+# same files in every call (the device's tree and $OUT keep their paths); such a
+# process still dumps the picks it loaded, and `batch_plans.batch_wall_estimate`
+# still counts a compilation for a fresh batch (a new machine has no cache).
 # Each process writes the kernels XLA's autotuner picked to
 # $OUT/autotune/N-STUDY.textproto.gz (N: the argument's place), for
 # `benchmarks/autotune_picks.py` to compare across calls, and its log to
