@@ -407,9 +407,10 @@ class Trainer:
         cadences); the model is initialized from ``cfg.seed``. The two trainers share
         the compiled step objects (and `set_total_steps` retargets both): train with one
         at a time. Each new trainer would
-        trace and compile anew: Pallas Mosaic GPU kernels carry a per-trace name in
-        their serialized module (JAX 0.11.2), so even the persistent compilation cache
-        misses, about a minute per NVFP4 step on the H200.
+        trace and compile anew: Pallas Mosaic GPU kernels carry a name numbered per
+        trace in their serialized module (JAX 0.11.2), so a second trace in one process
+        misses even the persistent compilation cache (a fresh process tracing in the
+        same order hits it), about a minute per NVFP4 step on the H200.
 
         Raises:
           ValueError: if ``cfg`` changes a compiled field, or the seed changes the model's

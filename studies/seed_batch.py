@@ -23,7 +23,8 @@ unbatched run would, each from its own slice of the stacked state and batch, thr
 one compiled diagnostics step (a forward pass: the batch compiles it once, whatever the
 number of such seeds). Within a call, a later batch of a variant, length and size that an
 earlier batch compiled reuses its programs (`BatchPrograms`): an NVFP4 batch compiles for
-40-100 s on the H200, and the persistent cache cannot serve it (`unit_runs`).
+40-100 s on the H200, and the persistent cache cannot serve a second trace in one
+process (`unit_runs`).
 
 Example:
   >>> import numpy as np

@@ -12,9 +12,10 @@ byte, training curve, step times, per-layer quantization diagnostics, the enviro
 Those JSON files are the results: commit them. The working files (checkpoints, metrics,
 ``jax_cache/``, the persistent compilation cache) live under ``<results>/work`` and are
 not committed. Within a call, the later seeds of a variant reuse the first one's compiled
-steps (`train_llama.Trainer.for_run`): the persistent cache cannot serve them when the
-step holds Pallas Mosaic GPU kernels, whose serialized modules carry a per-trace name
-(JAX 0.11.2).
+steps (`train_llama.Trainer.for_run`): the persistent cache cannot serve a second trace
+in one process when the step holds Pallas Mosaic GPU kernels, whose serialized modules
+carry a name numbered per trace (JAX 0.11.2); it serves a later process that traces the
+same steps in the same order.
 
 Example:
   >>> unit = Unit("python", 10.0, "bf16", 0)
