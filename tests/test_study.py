@@ -9,6 +9,7 @@ import re
 import shutil
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -742,6 +743,7 @@ def test_a_later_seed_batch_runs_on_the_earlier_ones_programs_and_diagnostics_ch
         assert beside[0][key] == first[0][key], key
 
 
+@pytest.mark.fresh_compilation  # counts persistent-cache hits: the suite's cache is off
 def test_a_seed_batch_trains_each_seed_as_its_own_run(tmp_path, capsys):
     """Two seeds of an NVFP4 variant trained as one vmapped program: each seed's result
     has the unbatched run's steps, curve points and (up to the batched GEMMs' summation
@@ -1128,7 +1130,9 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
         tmp_path, study_specs.Unit("python", 10.0, "no_sr", 2)), timed)
     clock = [0.0]
     monkeypatch.setattr(seed_batch.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: None)
+    loads = []
+    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **kw: loads.append(
+        kw) or types.SimpleNamespace(from_cache=bool(kw["cache_dir"].is_dir())))
 
     def fake_batch(spec, units, results, corpus, **_):
         clock[0] += 100.0
@@ -1150,6 +1154,8 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     assert printed.count("  handed off in 0s\n") == 3
     # The corpus loads once, before the call's first batch, and says how long it took.
     assert printed.count("corpus python loaded in 0s\n") == 1
+    # ... keeping it beside the compilation cache for the call's later processes.
+    assert [kw["cache_dir"] for kw in loads] == [tmp_path / "work" / "corpus_cache"]
     # Each batch of seeds 0-1 (seed 2 alone is not batched) takes 100 s here. bf16, no
     # BF16 batch timed, runs unestimated as the call's first (to 100 s); paper needs
     # 1.25 x no_sr's 50 s (to 200 s); four_over_six 1.25 x paper's 100 s, more than the
@@ -1182,7 +1188,8 @@ def test_a_forking_batch_left_to_a_later_call_keeps_its_forks_for_it(tmp_path, c
                                variants=("bf16", "paper", "paper_tail"), custom_variants=())
     _write_fake_batch(tmp_path, spec, "paper", (2, 3), 200.0)
     _write_fake_batch(tmp_path, spec, "paper_tail", (2, 3), 100.0)
-    monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **_: None)
+    monkeypatch.setattr(seed_batch.data_lib, "load_corpus",
+                        lambda **_: types.SimpleNamespace(from_cache=False))
     trained = []
 
     def fake_batch(spec, units, results, corpus, **_):
