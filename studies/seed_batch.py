@@ -62,6 +62,7 @@ from unit_runs import (
     TooLong,
     build_result,
     checked_epochs,
+    corpus_cache_dir,
     result_path,
     reusable_trainer,
     write_json,
@@ -531,10 +532,12 @@ def run_seed_batches(spec: StudySpec, results: Path, *, size: int, budget_s: flo
         corpus = units[0].corpus
         if corpus not in corpora:
             t_corpus = time.perf_counter()
-            corpora[corpus] = data_lib.load_corpus(**CORPORA[corpus])
+            corpora[corpus] = data_lib.load_corpus(**CORPORA[corpus],
+                                                   cache_dir=corpus_cache_dir(results))
             if progress:
                 print(f"[{spec.name}] corpus {corpus} loaded in "
-                      f"{time.perf_counter() - t_corpus:.0f}s", flush=True)
+                      f"{time.perf_counter() - t_corpus:.0f}s"
+                      f"{' from the cache' if corpora[corpus].from_cache else ''}", flush=True)
         print(f"[{spec.name}] seed batch {names}", flush=True)
         try:
             out = run_seed_batch(spec, units, results, corpora[corpus], command=command,

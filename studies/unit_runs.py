@@ -10,12 +10,12 @@ unit cut off by the budget saves a checkpoint and continues in the next call; a 
 unit writes ``<results>/<unit>.json`` (validation curve, final validation loss in bits per
 byte, training curve, step times, per-layer quantization diagnostics, the environment).
 Those JSON files are the results: commit them. The working files (checkpoints, metrics,
-``jax_cache/``, the persistent compilation cache) live under ``<results>/work`` and are
-not committed. Within a call, the later seeds of a variant reuse the first one's compiled
-steps (`train_llama.Trainer.for_run`): the persistent cache cannot serve a second trace
-in one process when the step holds Pallas Mosaic GPU kernels, whose serialized modules
-carry a name numbered per trace (JAX 0.11.2); it serves a later process that traces the
-same steps in the same order.
+``jax_cache/``, the persistent compilation cache; ``corpus_cache/``, the built corpora)
+live under ``<results>/work`` and are not committed. Within a call, the later seeds of a
+variant reuse the first one's compiled steps (`train_llama.Trainer.for_run`): the
+persistent cache cannot serve a second trace in one process when the step holds Pallas
+Mosaic GPU kernels, whose serialized modules carry a name numbered per trace (JAX
+0.11.2); it serves a later process that traces the same steps in the same order.
 
 Example:
   >>> unit = Unit("python", 10.0, "bf16", 0)
@@ -77,6 +77,12 @@ def result_path(results: Path, unit: Unit) -> Path:
 def work_dir(results: Path, unit: Unit) -> Path:
     """A unit's working files (metrics, segments, checkpoints): not results."""
     return Path(results) / "work" / unit.name
+
+
+def corpus_cache_dir(results: Path) -> Path:
+    """Where the built corpora are kept for a call's later processes (`data.load_corpus`'s
+    ``cache_dir``): beside the compilation cache, not results."""
+    return Path(results) / "work" / "corpus_cache"
 
 
 def checked_epochs(spec: StudySpec, unit: Unit, batches: data_lib.Batches,
@@ -379,7 +385,8 @@ def run_study(
                   "stopping here", flush=True)
             break
         if unit.corpus not in corpora:
-            corpora[unit.corpus] = data_lib.load_corpus(**CORPORA[unit.corpus])
+            corpora[unit.corpus] = data_lib.load_corpus(**CORPORA[unit.corpus],
+                                                        cache_dir=corpus_cache_dir(results))
             print(f"[{unit.corpus}] {corpora[unit.corpus].describe()}", flush=True)
         steps = spec.steps(unit.tokens_per_param)
         epochs = steps * spec.batch * spec.seq / len(corpora[unit.corpus].train)

@@ -48,6 +48,30 @@ def test_corpus_is_deduplicated_split_by_content_and_independent_of_names(tmp_pa
     assert any("python3" in r for r in data.default_roots())
 
 
+def test_corpus_cache_serves_the_same_streams_until_the_tree_or_options_change(tmp_path):
+    """A cached corpus equals the one built from the files; a changed file, other
+    options or a damaged cache file build afresh (and never a stale or broken stream)."""
+    root, cache = str(_tree(tmp_path / "a")), tmp_path / "cache"
+    built = data.load_corpus([root], val_fraction=0.25, cache_dir=cache)
+    again = data.load_corpus([root], val_fraction=0.25, cache_dir=cache)
+    assert not built.from_cache and again.from_cache
+    for field in ("files_train", "files_val", "duplicates", "roots", "prose"):
+        assert getattr(again, field) == getattr(built, field), field
+    assert np.array_equal(again.train, built.train) and np.array_equal(again.val, built.val)
+    other = data.load_corpus([root], val_fraction=0.5, cache_dir=cache)  # other options
+    assert not other.from_cache and other.files_val != built.files_val
+    with open(tmp_path / "a" / "pkg0" / "m1.py", "a") as f:
+        f.write("appended = True\n")
+    changed = data.load_corpus([root], val_fraction=0.25, cache_dir=cache)
+    assert not changed.from_cache and b"appended = True" in (
+        bytes(changed.train) + bytes(changed.val))
+    for f in cache.glob("*.npz"):  # a copy cut short
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    damaged = data.load_corpus([root], val_fraction=0.25, cache_dir=cache)
+    assert not damaged.from_cache and np.array_equal(damaged.train, changed.train)
+    assert data.load_corpus([root], val_fraction=0.25, cache_dir=cache).from_cache
+
+
 def test_batches_are_deterministic_and_do_not_repeat_within_an_epoch():
     tokens = np.arange(1001, dtype=np.int64).astype(np.uint8)
     b = data.Batches(tokens, batch=4, seq=10, seed=3)
