@@ -1132,7 +1132,7 @@ def test_run_seed_batches_hands_off_each_batch_and_skips_one_that_cannot_fit(
     monkeypatch.setattr(seed_batch.time, "perf_counter", lambda: clock[0])
     loads = []
     monkeypatch.setattr(seed_batch.data_lib, "load_corpus", lambda **kw: loads.append(
-        kw) or types.SimpleNamespace(from_cache=bool(kw["cache_dir"].is_dir())))
+        kw) or types.SimpleNamespace(from_cache=False))
 
     def fake_batch(spec, units, results, corpus, **_):
         clock[0] += 100.0
