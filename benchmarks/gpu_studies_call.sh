@@ -8,21 +8,29 @@
 # file); MIN: a batch that nothing timed yet (the first of its length and kind, BF16 or
 # NVFP4) starts only with MIN seconds left; without MIN, only as the first study's first.
 # Each study gets what the ones before it left of BUDGET seconds (skipped under 60 s) and
-# hands its results off into $OUT/STUDY, without compilation-cache entries: the processes
-# share JAX's persistent compilation cache in the study's ignored work folder
-# (studies/results/STUDY/work/jax_cache), which the device tool keeps on a warm machine
-# between calls, so a later call on it loads what an earlier one compiled: on the H200
-# a paper batch of six that its machine had compiled in the call before took 271 s
-# instead of 315 s, its first step 21 s instead of 50 s (benchmarks/results/
-# 2026-12-03-h200ad). The XLA flags below are part of the cache key, so they name the
-# same files in every call (the device's tree and $OUT keep their paths); such a
-# process still dumps the picks it loaded, and `batch_plans.batch_wall_estimate`
-# still counts a compilation for a fresh batch (a new machine has no cache).
-# Each process writes the kernels XLA's autotuner picked to
-# $OUT/autotune/N-STUDY.textproto.gz (N: the argument's place), for
-# `benchmarks/autotune_picks.py` to compare across calls, and its log to
-# $OUT/logs/N-STUDY.log as it runs: a call the device tool stops at its limit still
-# brings back how far each process got.
+# hands its results off into $OUT/STUDY as each batch finishes. Its processes share JAX's
+# persistent compilation cache in the study's ignored work folder
+# (studies/results/STUDY/work/jax_cache): on the H200 a paper batch of six whose programs
+# the cache held took 271 s instead of 315 s, its first step 21 s instead of 50 s
+# (benchmarks/results/2026-12-03-h200ad). The device tool gives a machine back 30 s after
+# a call, so a call seldom finds the last one's machine and its cache: after its last
+# process the call hands off the newest cache entries, at most CACHE_MIB and the files
+# $OUT has left (`validation.py hand-off-cache`, 15 s at most; skipped where the last
+# process ran past BUDGET + 20 s); `unpack` here puts them in studies/handoff, and the
+# next call, carrying studies/handoff (device tool: carry ["studies/handoff"]), restores
+# them in its first process of the study (`run --resume-from`; a copy cut short is
+# ignored). CACHE_MIB keeps the carried parts and the repository (~20 MB tracked) inside
+# the tool's 64 MiB tree (tests/test_study_call_scripts.py checks the margin). The XLA
+# flags below are part of the cache key, so they name the same files in every call: each
+# process dumps the autotuner's picks to studies/results/STUDY/work/autotune/
+# N-STUDY.textproto (N: the argument's place; gzipped), which the call archives as
+# $OUT/autotune.tar at its end, for
+# `benchmarks/autotune_picks.py` to compare; a process that loads its programs from the
+# cache still dumps the picks it loaded, and `batch_plans.batch_wall_estimate` still
+# counts a compilation for a fresh batch. Each process's log goes to $OUT/logs/N-STUDY.log
+# as it runs: a call the device tool stops at its limit still brings back how far each
+# process got. $OUT holds at most 8 files: the logs, autotune.tar, each study's results
+# archive, then the cache parts.
 # Each process loads the committed picks, studies/autotune_picks.textproto (where it is
 # there): a program they cover gets the same kernels in every process and session, so
 # that a run of one seed repeats bit for bit (shown on the H200 in
@@ -45,11 +53,15 @@ if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -gt $((CALL_LIMIT - 40)) ]; then
   exit 2
 fi
 T0=$SECONDS
+CACHE_MIB=38  # carried beside the repository in the device tool's 64 MiB working tree
+CARRIED=studies/handoff
+OUT_FILES=8  # the device tool returns at most 8 files from $OUT
 LOAD=
 if [ -f studies/autotune_picks.textproto ]; then
   LOAD="--xla_gpu_load_autotune_results_from=$PWD/studies/autotune_picks.textproto"
 fi
 N=0
+RUN=()  # the studies that ran, in order, once each
 for ARG in "$@"; do
   IFS=: read -r STUDY VARIANTS CORPORA SEEDS K MIN TPP <<< "$ARG"
   K=${K:-3}
@@ -60,17 +72,44 @@ for ARG in "$@"; do
   N=$((N + 1))
   LEFT=$((BUDGET - (SECONDS - T0)))
   if [ "$LEFT" -lt 60 ]; then echo "== $STUDY: ${LEFT}s left, skipped"; continue; fi
-  PICKS="$OUT/autotune/$N-$STUDY.textproto"
+  PICKS_DIR="$PWD/studies/results/$STUDY/work/autotune"
+  RESUME=()
+  if [[ " ${RUN[*]} " != *" $STUDY "* ]]; then
+    RUN+=("$STUDY")
+    rm -rf "$PICKS_DIR"  # a warm machine's earlier call's picks: not this call's
+    if [ -d "$CARRIED" ]; then RESUME=(--resume-from "$CARRIED"); fi
+  fi
+  PICKS="$PICKS_DIR/$N-$STUDY.textproto"
   LOG="$OUT/logs/$N-$STUDY.log"
-  mkdir -p "$OUT/autotune" "$OUT/logs"
+  mkdir -p "$PICKS_DIR" "$OUT/logs"
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
   timeout $((LEFT + 60)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --no-cache-handoff --progress \
-    "${UNESTIMATED[@]}" \
+    "${RESUME[@]}" "${UNESTIMATED[@]}" \
     > "$LOG" 2>&1
   RC=$?
   if [ -f "$PICKS" ]; then gzip -f "$PICKS"; fi
   echo "== $STUDY: rc=$RC, $((SECONDS - T0)) s into the call"
   tail -c $((10000 / $#)) "$LOG"
+done
+DUMPS=()
+for STUDY in "${RUN[@]}"; do
+  for F in studies/results/"$STUDY"/work/autotune/*.textproto.gz; do
+    if [ -f "$F" ]; then DUMPS+=("${F#studies/results/}"); fi
+  done
+done
+if [ "${#DUMPS[@]}" -gt 0 ]; then tar -cf "$OUT/autotune.tar" -C studies/results "${DUMPS[@]}"; fi
+for STUDY in "${RUN[@]}"; do
+  if [ $((SECONDS - T0)) -gt $((BUDGET + 20)) ]; then
+    echo "== $STUDY: $((SECONDS - T0)) s into the call: no time to hand off its cache"
+    continue
+  fi
+  FILES_LEFT=$((OUT_FILES - $(find "$OUT" -type f | wc -l)))
+  USED=0  # bytes of cache parts an earlier study of this call handed off
+  for F in "$OUT"/*/cache-*.part*; do
+    if [ -f "$F" ]; then USED=$((USED + $(wc -c < "$F"))); fi
+  done
+  timeout 15 python3 studies/validation.py hand-off-cache "$STUDY" --to "$OUT/$STUDY" \
+    --max-mib $((CACHE_MIB - USED / 1048576)) --max-files "$FILES_LEFT"
 done

@@ -44,7 +44,7 @@ def pack(members: Sequence[tuple[Path, str]], out: Path, stem: str, *,
         archive = Path(tmp) / "archive.tar"
         with tarfile.open(archive, "w") as tar:
             for path, name in members:
-                tar.add(path, arcname=name)
+                tar.add(path, arcname=name, filter=_whole_second_mtime)
         size = archive.stat().st_size
         if math.ceil(size / PART_BYTES) > max_parts:
             return None
@@ -56,9 +56,17 @@ def pack(members: Sequence[tuple[Path, str]], out: Path, stem: str, *,
     return k
 
 
+def _whole_second_mtime(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A fractional mtime would take an extended header of its own for every file."""
+    info.mtime = int(info.mtime)
+    return info
+
+
 def archive_bytes(sizes: Sequence[int]) -> int:
-    """The size of a tar archive of files of these sizes (a header and padding each)."""
-    return sum(512 + -(-s // 512) * 512 for s in sizes) + 10240
+    """At least the size of a tar archive of files of these sizes: a header, padding and
+    room for an extended (PAX) header each (a name over 100 characters takes one), and
+    the end of the archive, rounded up to whole records."""
+    return sum(1536 + -(-s // 512) * 512 for s in sizes) + 10240
 
 
 def find_parts(src: Path, prefix: str) -> dict[str, list[Path]]:

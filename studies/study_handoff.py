@@ -20,8 +20,11 @@ Example:
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
+import tempfile
+import time
 from pathlib import Path
 
 from study_specs import StudySpec, Unit  # first: it puts examples/ on sys.path
@@ -88,20 +91,57 @@ def pack_handoff(spec: StudySpec, results: Path, out: Path,
             continue
         files_left, bytes_left = files_left - k, bytes_left - size
         notes.append(f"handoff: {unit.name} at step {step} ({size / 2**20:.1f} MiB, {k} parts)")
-    if cache_dir is not None and Path(cache_dir).is_dir() and files_left > 0:
-        entries = sorted((p for p in Path(cache_dir).rglob("*") if p.is_file()),
-                         key=lambda p: p.stat().st_mtime, reverse=True)
-        chosen: list[Path] = []
-        for p in entries:  # newest first: this call's compilations
-            size = handoff.archive_bytes([q.stat().st_size for q in chosen + [p]])
-            if size <= bytes_left and -(-size // handoff.PART_BYTES) <= files_left:
-                chosen.append(p)
-        if chosen:
-            k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out,
-                             f"cache-{spec.name}.tar", max_parts=files_left)
-            notes.append(f"handoff: {len(chosen)} of {len(entries)} compilation-cache files "
-                         f"({k} parts)")
+    if cache_dir is not None:
+        notes += pack_cache(spec, Path(cache_dir), out, max_bytes=bytes_left,
+                            max_files=files_left)
     return notes
+
+
+def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
+               max_files: int) -> list[str]:
+    """Writes the newest compilation-cache entries of ``cache_dir`` that fit ``max_bytes``
+    in at most ``max_files`` parts as ``out/cache-STUDY.tar.partK`` (replacing older
+    parts), newest first: a call's own compilations before those it was handed.
+    Returns notes to print.
+
+    Example:
+      >>> import tempfile, study_specs
+      >>> cache, out = (Path(tempfile.mkdtemp()) for _ in range(2))
+      >>> _ = (cache / "old").write_bytes(b"o" * 4000)
+      >>> _ = (cache / "new").write_bytes(b"n" * 100)
+      >>> pack_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=20000, max_files=1)
+      ['handoff: 2 of 2 compilation-cache files, 0.0 MiB (1 parts)']
+      >>> pack_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=0, max_files=1)
+      ['handoff: no compilation-cache file fits 0.0 MiB in 1 files']
+    """
+    stem = f"cache-{spec.name}.tar"
+    for parts in handoff.find_parts(out, stem).values():
+        for old in parts:
+            old.unlink()
+    if not Path(cache_dir).is_dir() or max_files <= 0:
+        return []
+    entries = sorted((p for p in Path(cache_dir).rglob("*") if p.is_file()),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    chosen: list[Path] = []
+    for p in entries:  # newest first: this call's compilations
+        size = handoff.archive_bytes([q.stat().st_size for q in chosen + [p]])
+        if size <= max_bytes and -(-size // handoff.PART_BYTES) <= max_files:
+            chosen.append(p)
+    if not chosen:
+        return [f"handoff: no compilation-cache file fits {max_bytes / 2**20:.1f} MiB in "
+                f"{max_files} files"] if entries else []
+    k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out, stem,
+                     max_parts=max_files)
+    size = sum(p.stat().st_size for p in chosen)
+    return [f"handoff: {len(chosen)} of {len(entries)} compilation-cache files, "
+            f"{size / 2**20:.1f} MiB ({k} parts)"]
+
+
+def _existing(folder: Path) -> Path:
+    """``folder``, made where missing (a temporary folder beside the cache, on its
+    filesystem, so its files move into the cache by renaming)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:
@@ -132,8 +172,20 @@ def restore_handoff(spec: StudySpec, results: Path, src: Path,
         notes.append(f"resumed {name} from the handed-off checkpoint at step {step}")
     for parts in handoff.find_parts(src, f"cache-{spec.name}.").values():
         if cache_dir is not None:
-            handoff.unpack_parts(parts, cache_dir)
-            notes.append(f"compilation cache: {len(parts)} handed-off parts into {cache_dir}")
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory(dir=_existing(Path(cache_dir).parent)) as tmp:
+                try:  # all or nothing: a half-extracted entry would be a broken cache file
+                    handoff.unpack_parts(parts, Path(tmp))
+                except (OSError, EOFError, tarfile.TarError) as e:  # parts cut short
+                    notes.append(f"compilation cache: handed-off parts unreadable ({e}); "
+                                 "ignored, the programs compile")
+                    continue
+                for f in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
+                    dest = Path(cache_dir) / f.relative_to(tmp)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(f, dest)
+            notes.append(f"compilation cache: {len(parts)} handed-off parts into {cache_dir} "
+                         f"in {time.perf_counter() - t0:.1f}s")
     return notes
 
 

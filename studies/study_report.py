@@ -560,7 +560,9 @@ budget about a minute under the call's limit):
 call, restricted to some units; on a machine of several GPUs it deals the variants to
 one process per GPU, each handing off into `$OUT/gpuI`: unpack each folder.
 `benchmarks/gpu_studies_call.sh` runs several studies' seed batches in one call, each
-handing off into `$OUT/STUDY`.) Then, here, with the folder of files the call returned
+handing off its results into `$OUT/STUDY` as its batches finish and, after the call's
+last process, the newest compilation-cache entries that fit 38 MiB and the files left:
+`validation.py hand-off-cache`.) Then, here, with the folder of files the call returned
 (`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT

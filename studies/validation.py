@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python studies/validation.py plan pure_llama          # sizes, epochs, status
     PYTHONPATH=. python studies/validation.py run pure_llama --budget-s 500 --handoff $OUT
+    PYTHONPATH=. python studies/validation.py hand-off-cache pure_llama --to $OUT/pure_llama \
+        --max-mib 38 --max-files 3          # a call's last step: its compilations, for the next
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from DIR  # after a call
     PYTHONPATH=. python studies/validation.py adopt pure_llama --from-study noise_pilot
     PYTHONPATH=. python studies/validation.py repeats pure_llama --results REPLAY  # bit for bit?
@@ -31,7 +33,7 @@ from study_specs import CORPORA, REPO, STUDIES, VARIANTS  # first: it puts examp
 import data as data_lib
 import jax
 from seed_batch import run_seed_batches
-from study_handoff import pack_handoff, restore_handoff, unpack
+from study_handoff import pack_cache, pack_handoff, restore_handoff, unpack
 from study_results import load_results, repeats
 from unit_runs import adopt_units, finished, run_study, status_lines
 
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("plan", "run", "unpack"):
+    for name in ("plan", "run", "unpack", "hand-off-cache"):
         s = sub.add_parser(name)
         s.add_argument("study", choices=sorted(STUDIES))
         s.add_argument("--results", default=None,
@@ -92,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--unestimated-min-s", type=float, default=None, metavar="S",
                    help="a seed batch with no timed batch to go by starts only with S "
                         "seconds or more left (default: only as the call's first batch)")
+    hc = sub.choices["hand-off-cache"]
+    hc.add_argument("--to", required=True, help="the device tool's $OUT/STUDY")
+    hc.add_argument("--max-mib", type=float, required=True,
+                    help="at most this many MiB of entries (the next call carries them "
+                         "in its 64 MiB working tree, beside the repository)")
+    hc.add_argument("--max-files", type=int, required=True,
+                    help="in at most this many parts (of the 8 files a call returns)")
+    hc.add_argument("--compile-cache", default=None,
+                    help="default RESULTS/work/jax_cache, as `run`'s")
     u = sub.choices["unpack"]
     u.add_argument("--from", dest="src", required=True, help="the files a device call returned")
     u.add_argument("--carry", default=str(REPO / "studies" / "handoff"),
@@ -147,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "unpack":
         for line in unpack(spec, results, Path(a.src), Path(a.carry)):
+            print(line)
+        return 0
+    if a.cmd == "hand-off-cache":
+        cache = Path(a.compile_cache) if a.compile_cache else results / "work" / "jax_cache"
+        for line in pack_cache(spec, cache, Path(a.to), max_bytes=int(a.max_mib * 2**20),
+                               max_files=a.max_files):
             print(line)
         return 0
     print(f"[{spec.name}] {spec.title}\n  {spec.describe()}", flush=True)

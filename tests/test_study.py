@@ -102,6 +102,37 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
     assert rc["quantized_layers"] == 1  # the property is checked on an NVFP4 run
 
 
+def test_cache_handoff_keeps_the_newest_entries_that_fit_and_a_cut_copy_changes_nothing(
+        tmp_path, monkeypatch):
+    """`pack_cache` hands off the newest entries within its bytes and parts (older parts
+    of the same archive removed, so no stale part joins a new archive); restoring parts
+    of which one is missing leaves the cache as it was (no half-extracted entry) and says
+    so, and whole parts restore every entry byte for byte."""
+    monkeypatch.setattr(handoff, "PART_BYTES", 6000)  # tar: 8704 bytes a file, in records of 10240
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    (cache / "xla").mkdir(parents=True)
+    for i, name in enumerate(["oldest", "middle", "xla/tuned"]):
+        (cache / name).write_bytes(bytes([65 + i]) * 8000)
+        os.utime(cache / name, (1000 + i, 1000 + i))
+    notes = study_handoff.pack_cache(TINY, cache, out, max_bytes=40000, max_files=7)
+    assert notes == ["handoff: 3 of 3 compilation-cache files, 0.0 MiB (6 parts)"]
+    notes = study_handoff.pack_cache(TINY, cache, out, max_bytes=20000, max_files=7)
+    assert notes == ["handoff: 1 of 3 compilation-cache files, 0.0 MiB (2 parts)"]
+    assert sorted(p.name for p in out.iterdir()) == ["cache-tiny.tar.part0",
+                                                     "cache-tiny.tar.part1"]
+    (out / "cache-tiny.tar.part1").unlink()  # a call stopped inside the entry's parts
+    into = tmp_path / "into"
+    notes = study_handoff.restore_handoff(TINY, tmp_path / "r", out, into)
+    assert len(notes) == 1 and "unreadable" in notes[0], notes
+    assert not any(p.is_file() for p in into.rglob("*"))
+    study_handoff.pack_cache(TINY, cache, out, max_bytes=30000, max_files=5)
+    notes = study_handoff.restore_handoff(TINY, tmp_path / "r", out, into)
+    assert "4 handed-off parts" in notes[0], notes
+    assert sorted(p.relative_to(into).as_posix() for p in into.rglob("*") if p.is_file()) == [
+        "middle", "xla/tuned"]
+    assert (into / "xla" / "tuned").read_bytes() == b"C" * 8000
+
+
 def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
     """A unit whose estimate (from a finished seed of its variant) exceeds the time left
     but fits a whole call is not started; the call ends without training anything."""

@@ -6,10 +6,13 @@ tests check the scripts' argument handling only; the runs themselves are
 `tests/test_study.py`'s.
 """
 
+import gzip
 import os
+import re
 import shlex
 import stat
 import subprocess
+import tarfile
 
 import pytest
 
@@ -35,19 +38,37 @@ def _script_env(tmp_path, **extra):
                 OUT=str(tmp_path / "out"), **extra)
 
 
+def _tree(tmp_path):
+    """The folder the script runs in: a stand-in repository holding the committed
+    autotuning picks (a link), so what the script writes under studies/ stays in
+    ``tmp_path``."""
+    tree = tmp_path / "tree"
+    (tree / "studies").mkdir(parents=True, exist_ok=True)
+    picks = tree / "studies" / "autotune_picks.textproto"
+    if not picks.exists():
+        picks.symlink_to(os.path.join(REPO, "studies", "autotune_picks.textproto"))
+    return tree
+
+
 def _run(tmp_path, *args):
     """Runs the script with a recording ``python3``; returns (exit code, output, the
-    recorded ``validation.py run`` command lines as argument lists)."""
+    recorded ``validation.py`` command lines as argument lists)."""
     log = tmp_path / "calls.txt"
     flags = shlex.quote(str(tmp_path / "xla_flags.txt"))
     _stand_in(tmp_path, "python3",
               f'printf "%q " "$@" >> {shlex.quote(str(log))}\n'
-              f'echo >> {shlex.quote(str(log))}\necho "$XLA_FLAGS" >> {flags}\n'
+              f'echo >> {shlex.quote(str(log))}\n'
+              f'if [ "$2" = run ]; then echo "$XLA_FLAGS" >> {flags}; fi\n'
               f'echo "ran $2 $3"')
     proc = subprocess.run(["bash", SCRIPT, *args], env=_script_env(tmp_path),
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+                          capture_output=True, text=True, cwd=_tree(tmp_path), timeout=60)
     calls = [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, calls
+
+
+def _runs(calls):
+    """The ``validation.py run`` command lines among the recorded ones."""
+    return [c for c in calls if c[1] == "run"]
 
 
 def _opt(call, name):
@@ -64,6 +85,7 @@ def test_each_study_gets_its_restrictions_and_only_the_first_runs_unestimated(tm
     rc, out, calls = _run(tmp_path, "540", "hybrid:bf16::0,1,2",
                           "long_data:paper:python:0,1:4:150:10,100", "pure_llama")
     assert rc == 0, out
+    calls = _runs(calls)
     assert [c[2] for c in calls] == ["hybrid", "long_data", "pure_llama"]
     first, second, third = calls
     assert _opt(first, "--variants") == "bf16" and _opt(first, "--seeds") == "0,1,2"
@@ -88,27 +110,85 @@ def test_a_batch_size_below_two_is_refused(tmp_path, k):
 
 def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path):
     """Each process loads the committed autotuning picks (a dump in XLA's format, read by
-    `autotune_picks`) and gets --xla_gpu_dump_autotune_results_to a file under
-    $OUT/autotune named by the argument's place and study (so two processes of one study
-    do not overwrite each other), after any XLA_FLAGS already set; a written file is
-    gzipped."""
+    `autotune_picks`) and gets --xla_gpu_dump_autotune_results_to a file in the study's
+    ignored work folder named by the argument's place and study (the same path in every
+    call, since the flag is part of the compilation cache's key; two processes of one
+    study do not overwrite each other), after any XLA_FLAGS already set; the call gzips
+    each written file and returns them all as one archive, $OUT/autotune.tar."""
     rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16")
     assert rc == 0, out
-    assert len(calls) == 2
+    assert len(_runs(calls)) == 2
     flags = (tmp_path / "xla_flags.txt").read_text().splitlines()
-    committed = os.path.join(REPO, "studies", "autotune_picks.textproto")
-    assert autotune_picks.read_picks(committed)
-    picks = [str(tmp_path / "out" / "autotune" / f"{n}-pure_llama.textproto") for n in (1, 2)]
+    tree = _tree(tmp_path)
+    assert autotune_picks.read_picks(str(tree / "studies" / "autotune_picks.textproto"))
+    work = tree / "studies" / "results" / "pure_llama" / "work" / "autotune"
+    picks = [str(work / f"{n}-pure_llama.textproto") for n in (1, 2)]
     before = os.environ.get("XLA_FLAGS", "")  # the suite's own CPU flags, if any
     assert flags == [f"{before + ' ' if before else ''}--xla_gpu_load_autotune_results_from="
-                     f"{committed} --xla_gpu_dump_autotune_results_to={p}" for p in picks]
+                     f"{tree}/studies/autotune_picks.textproto "
+                     f"--xla_gpu_dump_autotune_results_to={p}" for p in picks]
+    assert not (tmp_path / "out" / "autotune.tar").exists()  # no process wrote picks
     _stand_in(tmp_path, "python3",  # one that writes the file, as XLA would
-              'f="${XLA_FLAGS##*dump_autotune_results_to=}"; echo "version: 3" > "$f"')
+              'if [ "$2" = run ]; then f="${XLA_FLAGS##*dump_autotune_results_to=}"; '
+              'echo "version: 3" > "$f"; fi')
     env = _script_env(tmp_path, XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true")
-    subprocess.run(["bash", SCRIPT, "540", "pure_llama:paper"], env=env, check=True,
-                   capture_output=True, cwd=REPO, timeout=60)
-    assert (tmp_path / "out" / "autotune" / "1-pure_llama.textproto.gz").exists()
-    assert not (tmp_path / "out" / "autotune" / "1-pure_llama.textproto").exists()
+    subprocess.run(["bash", SCRIPT, "540", "pure_llama:paper", "pure_llama:bf16"], env=env,
+                   check=True, capture_output=True, cwd=tree, timeout=60)
+    with tarfile.open(tmp_path / "out" / "autotune.tar") as tar:
+        assert sorted(tar.getnames()) == [f"pure_llama/work/autotune/{n}-pure_llama"
+                                          ".textproto.gz" for n in (1, 2)]
+        dump = tar.extractfile("pure_llama/work/autotune/1-pure_llama.textproto.gz")
+        assert gzip.decompress(dump.read()) == b"version: 3\n"
+
+
+def test_the_first_process_of_each_study_restores_the_carried_compilation_cache(tmp_path):
+    """Where the call carries studies/handoff, each study's first process gets
+    ``--resume-from studies/handoff`` (restoring the cache entries the previous call
+    handed off) and its later processes do not (their cache is already filled); without
+    the folder no process gets it."""
+    _, _, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16", "hybrid:bf16")
+    assert all("--resume-from" not in c for c in calls)
+    (_tree(tmp_path) / "studies" / "handoff").mkdir()
+    (tmp_path / "calls.txt").unlink()
+    rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16",
+                          "hybrid:bf16")
+    assert rc == 0, out
+    runs = _runs(calls)
+    assert [c[2] for c in runs] == ["pure_llama", "pure_llama", "hybrid"]
+    assert [_opt(c, "--resume-from") if "--resume-from" in c else None for c in runs] == [
+        "studies/handoff", None, "studies/handoff"]
+
+
+def test_the_call_ends_by_handing_off_each_studys_cache_within_the_files_left(tmp_path):
+    """After the last process, each study that ran hands off its compilation cache once,
+    in the order they ran, into $OUT/STUDY, within CACHE_MIB and the files $OUT has left
+    of the device tool's 8 (here: two logs taken)."""
+    rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "hybrid:bf16",
+                          "pure_llama:bf16")
+    assert rc == 0, out
+    handoffs = [c for c in calls if c[1] == "hand-off-cache"]
+    assert [c[2] for c in handoffs] == ["pure_llama", "hybrid"]
+    assert calls[-2:] == handoffs  # after every run
+    assert [_opt(c, "--to") for c in handoffs] == [
+        str(tmp_path / "out" / s) for s in ("pure_llama", "hybrid")]
+    assert [_opt(c, "--max-files") for c in handoffs] == ["5", "5"]  # 8 less three logs
+    assert [_opt(c, "--max-mib") for c in handoffs] == [str(_cache_mib())] * 2
+
+
+def _cache_mib():
+    with open(SCRIPT) as f:
+        return int(re.search(r"^CACHE_MIB=(\d+)", f.read(), re.M).group(1))
+
+
+def test_the_carried_cache_and_the_repository_fit_the_device_tools_working_tree():
+    """The next call carries up to CACHE_MIB of cache parts beside every tracked file;
+    together they must stay under the device tool's 64 MiB working tree, with 2 MiB to
+    spare (results and logs grow each session: lower CACHE_MIB when this fails)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.split(b"\0")
+    size = sum(os.path.getsize(os.path.join(REPO, f.decode())) for f in tracked
+               if f and os.path.isfile(os.path.join(REPO, f.decode())))
+    assert size + _cache_mib() * 2**20 <= 62 * 2**20, (size / 2**20, _cache_mib())
 
 
 def test_each_process_logs_into_out_so_a_stopped_call_keeps_its_log(tmp_path):
@@ -117,12 +197,13 @@ def test_each_process_logs_into_out_so_a_stopped_call_keeps_its_log(tmp_path):
     call at its limit; the call's own output ends with that log's tail."""
     rc, out, calls = _run(tmp_path, "540", "hybrid:bf16::0,1", "pure_llama:paper")
     assert rc == 0, out
-    assert len(calls) == 2
+    assert len(_runs(calls)) == 2
     logs = tmp_path / "out" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["1-hybrid.log", "2-pure_llama.log"]
     assert (logs / "1-hybrid.log").read_text() == "ran run hybrid\n"
     assert (logs / "2-pure_llama.log").read_text() == "ran run pure_llama\n"
-    assert out.rstrip().endswith("ran run pure_llama")
+    assert out.rstrip().endswith("ran run pure_llama\nran hand-off-cache hybrid\n"
+                                 "ran hand-off-cache pure_llama")
 
 
 def test_each_process_may_run_a_minute_past_its_budget(tmp_path):
@@ -131,9 +212,10 @@ def test_each_process_may_run_a_minute_past_its_budget(tmp_path):
     ~50 s beyond that wall to hand off, which a tighter limit would cut off."""
     _stand_in(tmp_path, "timeout", f'echo "$1" >> {shlex.quote(str(tmp_path / "t.txt"))}')
     subprocess.run(["bash", SCRIPT, "300", "pure_llama:paper"], env=_script_env(tmp_path),
-                   check=True, capture_output=True, cwd=REPO, timeout=60)
-    limit = int((tmp_path / "t.txt").read_text())
+                   check=True, capture_output=True, cwd=_tree(tmp_path), timeout=60)
+    limit, cache_handoff = map(int, (tmp_path / "t.txt").read_text().split())
     assert 300 + 55 <= limit <= 300 + 60
+    assert cache_handoff <= 15  # then the cache handoff: from BUDGET + 20 s at the latest
 
 
 @pytest.mark.parametrize("budget", ["561", "596", "5.5", "soon"])
