@@ -1,15 +1,19 @@
 # Twenty-ninth session's device calls (issue 12; <= 10 min each). Device tool, every call
 # with carry ["studies/handoff"] (the previous call's compilation cache, where unpacked):
-#   bash benchmarks/gpu_session_ai.sh            (every call; the last one:)
-#   bash benchmarks/gpu_session_ai.sh BUDGET     (status budget_left_s - 70, and 130 s less
-#                                                 again where status says not warm; <= 560)
+#   bash benchmarks/gpu_session_ai.sh DONE          (every call; the last one:)
+#   bash benchmarks/gpu_session_ai.sh DONE BUDGET   (status budget_left_s - 70, and 130 s
+#                                                    less again where status says not warm;
+#                                                    <= 560)
+# DONE: the count of results `unpack` printed last ("N results in studies/results/
+# pure_llama"; 410 before this session's first call). The call stops at once, before any
+# training, where the tree holds another count of pure_llama results: a call over a tree
+# without the last call's results would train its seeds again (the twenty-eighth session's
+# call 2 did: 518 s that repeated call 1 bit for bit).
 # How a call runs, hands off its results and compilation cache, and records its autotuning
 # picks: gpu_studies_call.sh's header. Between calls, before the next one, always unpack
 # the call just made: python studies/validation.py unpack pure_llama --from
 # FILES_AT/pure_llama (results into studies/results/pure_llama, cache parts into
-# studies/handoff); then report. A call over a tree without the last call's results trains
-# the same seeds again (the twenty-eighth session's call 2 did: 518 s that repeated call 1
-# bit for bit). Compare the picks: tar xf FILES_AT/autotune.tar -C DIR, then
+# studies/handoff); then report. Compare the picks: tar xf FILES_AT/autotune.tar -C DIR, then
 # `autotune_picks.py compare studies/autotune_picks.textproto` on each dump; merge only
 # where it finds programs the committed picks lack. Record the calls as
 # benchmarks/results/DATE-h200ag/README.md, with each process's "compilation cache: N
@@ -25,7 +29,13 @@
 # BF16 batch of six (~195 s) or, where six do not fit, of three (~111-116 s; its process
 # 118-126 s now that it loads the corpus from the corpus cache). The ranges hold what a
 # session can reach; the batches of a range that do not fit print a line each and wait.
-bash benchmarks/gpu_studies_call.sh "${1:-560}" \
+DONE=${1:?the count of results unpack printed last}
+HAVE=$(find studies/results/pure_llama -maxdepth 1 -name '*.json' | wc -l)
+if [ "$HAVE" -ne "$DONE" ]; then
+  echo "the tree holds $HAVE pure_llama results, not $DONE: unpack the last call first"
+  exit 3
+fi
+bash benchmarks/gpu_studies_call.sh "${2:-560}" \
   "pure_llama:paper:prose:$(seq -s, 96 113):6" \
   "pure_llama:bf16:prose:$(seq -s, 102 107),$(seq -s, 111 122):6" \
   "pure_llama:bf16:prose:$(seq -s, 102 107),$(seq -s, 111 122):3"
