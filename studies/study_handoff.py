@@ -120,11 +120,11 @@ def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
             old.unlink()
     if not Path(cache_dir).is_dir() or max_files <= 0:
         return []
-    entries = sorted((p for p in Path(cache_dir).rglob("*") if p.is_file()),
-                     key=lambda p: p.stat().st_mtime, reverse=True)
+    stats = {p: p.stat() for p in Path(cache_dir).rglob("*") if p.is_file()}
+    entries = sorted(stats, key=lambda p: stats[p].st_mtime, reverse=True)
     chosen: list[Path] = []
     for p in entries:  # newest first: this call's compilations
-        size = handoff.archive_bytes([q.stat().st_size for q in chosen + [p]])
+        size = handoff.archive_bytes([stats[q].st_size for q in chosen + [p]])
         if size <= max_bytes and -(-size // handoff.PART_BYTES) <= max_files:
             chosen.append(p)
     if not chosen:
@@ -132,16 +132,9 @@ def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
                 f"{max_files} files"] if entries else []
     k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out, stem,
                      max_parts=max_files)
-    size = sum(p.stat().st_size for p in chosen)
+    size = sum(stats[p].st_size for p in chosen)
     return [f"handoff: {len(chosen)} of {len(entries)} compilation-cache files, "
             f"{size / 2**20:.1f} MiB ({k} parts)"]
-
-
-def _existing(folder: Path) -> Path:
-    """``folder``, made where missing (a temporary folder beside the cache, on its
-    filesystem, so its files move into the cache by renaming)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:
@@ -173,7 +166,9 @@ def restore_handoff(spec: StudySpec, results: Path, src: Path,
     for parts in handoff.find_parts(src, f"cache-{spec.name}.").values():
         if cache_dir is not None:
             t0 = time.perf_counter()
-            with tempfile.TemporaryDirectory(dir=_existing(Path(cache_dir).parent)) as tmp:
+            # Extracted beside the cache, on its filesystem, so its files move in by renaming.
+            Path(cache_dir).parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=Path(cache_dir).parent) as tmp:
                 try:  # all or nothing: a half-extracted entry would be a broken cache file
                     handoff.unpack_parts(parts, Path(tmp))
                 except (OSError, EOFError, tarfile.TarError) as e:  # parts cut short

@@ -51,6 +51,11 @@ def _only(a: argparse.Namespace) -> dict[str, set]:
     return only
 
 
+def _compile_cache(a: argparse.Namespace, results: Path) -> str:
+    """`run`'s and `hand-off-cache`'s persistent compilation cache ('none': off)."""
+    return a.compile_cache or str(results / "work" / "jax_cache")
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -161,9 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
     if a.cmd == "hand-off-cache":
-        cache = Path(a.compile_cache) if a.compile_cache else results / "work" / "jax_cache"
-        for line in pack_cache(spec, cache, Path(a.to), max_bytes=int(a.max_mib * 2**20),
-                               max_files=a.max_files):
+        for line in pack_cache(spec, Path(_compile_cache(a, results)), Path(a.to),
+                               max_bytes=int(a.max_mib * 2**20), max_files=a.max_files):
             print(line)
         return 0
     print(f"[{spec.name}] {spec.title}\n  {spec.describe()}", flush=True)
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # run
-    cache = a.compile_cache or str(results / "work" / "jax_cache")
+    cache = _compile_cache(a, results)
     if cache != "none":
         jax.config.update("jax_compilation_cache_dir", cache)
     t_backend = time.perf_counter()
