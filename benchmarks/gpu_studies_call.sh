@@ -13,14 +13,17 @@
 # (studies/results/STUDY/work/jax_cache): on the H200 a paper batch of six whose programs
 # the cache held took 271 s instead of 315 s, its first step 21 s instead of 50 s
 # (benchmarks/results/2026-12-03-h200ad). The device tool gives a machine back 30 s after
-# a call, so a call seldom finds the last one's machine and its cache: after its last
-# process the call hands off the newest cache entries, at most CACHE_MIB and the files
-# $OUT has left (`validation.py hand-off-cache`, 15 s at most; skipped where the last
-# process ran past BUDGET + 20 s); `unpack` here puts them in studies/handoff, and the
-# next call, carrying studies/handoff (device tool: carry ["studies/handoff"]), restores
-# them in its first process of the study (`run --resume-from`; a copy cut short is
-# ignored). CACHE_MIB keeps the carried parts and the repository (~20 MB tracked) inside
-# the tool's 64 MiB tree (tests/test_study_call_scripts.py checks the margin). The XLA
+# a call; a call that starts within them finds the last one's machine with its ignored
+# work folders, cache included (benchmarks/results/2026-12-04-h200ag), one that does not
+# starts bare. So after its last process the call hands off the cache entries that save
+# the most compile time (the compile seconds JAX records in each), at most CACHE_MIB
+# and the files $OUT has left (`validation.py hand-off-cache`, 15 s at most; skipped
+# where the last process ran past BUDGET + 20 s); `unpack` here puts them in
+# studies/handoff, and the next call, carrying studies/handoff (device tool: carry
+# ["studies/handoff"]), restores them in its first process of the study (`run
+# --resume-from`; a copy cut short is ignored). CACHE_MIB keeps the carried parts and
+# the repository (~20 MB tracked) inside the tool's 64 MiB tree
+# (tests/test_study_call_scripts.py checks the margin). The XLA
 # flags below are part of the cache key, so they name the same files in every call: each
 # process dumps the autotuner's picks to studies/results/STUDY/work/autotune/
 # N-STUDY.textproto (N: the argument's place; gzipped), which the call archives as

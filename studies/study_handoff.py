@@ -2,11 +2,12 @@
 
 Device calls start on a fresh machine unless the previous call ended moments before, so
 ``run --handoff DIR`` also writes into ``DIR`` (the device tool's ``$OUT``) the results,
-the checkpoint of a unit cut off by the budget if small enough, and the newest
-compilation-cache entries that fit (`pack_handoff`); ``unpack`` (`unpack`) puts them back
-here (results into the study's folder, the rest into ``studies/handoff/``, which the next
-call carries and ``run --resume-from`` reads: `restore_handoff`). The files pass the device
-tool's limits as tar archives in numbered parts (`handoff`).
+the checkpoint of a unit cut off by the budget if small enough, and the compilation-cache
+entries that save the most compile time in what is left (`pack_handoff`); ``unpack``
+(`unpack`) puts them back here (results into the study's folder, the rest into
+``studies/handoff/``, which the next call carries and ``run --resume-from`` reads:
+`restore_handoff`). The files pass the device tool's limits as tar archives in numbered
+parts (`handoff`).
 
 Example:
   >>> import tempfile
@@ -25,6 +26,8 @@ import shutil
 import tarfile
 import tempfile
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from study_specs import StudySpec, Unit  # first: it puts examples/ on sys.path
@@ -64,7 +67,7 @@ def pack_handoff(spec: StudySpec, results: Path, out: Path,
     """Writes into ``out`` what the next call needs, within `HANDOFF_FILES` and
     `HANDOFF_BYTES`: the finished results (``results-STUDY.tar.gz``); the checkpoint and
     metrics of each cut-off unit that fits (``partial-STUDY-UNIT-stepN.tar.partK``); then
-    as many of the newest compilation-cache entries as fit (``cache-STUDY.tar.partK``).
+    the compilation-cache entries that save most within the rest (`pack_cache`).
     Returns notes to print."""
     results, out = Path(results), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,12 +100,75 @@ def pack_handoff(spec: StudySpec, results: Path, out: Path,
     return notes
 
 
+def recorded_compile_s(entry: Path) -> int | None:
+    """The compile time, in whole seconds, that JAX recorded in a persistent-cache entry,
+    or None where the file is not one it can read.
+
+    JAX 0.11.2 (``jax/_src/compilation_cache.py``, ``combine_executable_and_time``)
+    writes an entry as the compressed bytes of a 4-byte big-endian compile time followed
+    by the serialized executable; zlib where zstandard is not installed (the device
+    machine's case), so only the first bytes are inflated. A zstd entry reads as unknown.
+
+    Example:
+      >>> import tempfile, zlib
+      >>> f = Path(tempfile.mkdtemp()) / "jit_step-cache"
+      >>> _ = f.write_bytes(zlib.compress((23).to_bytes(4, "big") + b"executable"))
+      >>> recorded_compile_s(f), recorded_compile_s(Path(__file__))
+      (23, None)
+    """
+    try:
+        with open(entry, "rb") as f:
+            head = zlib.decompressobj().decompress(f.read(1 << 16), 4)
+    except (OSError, zlib.error):
+        return None
+    return int.from_bytes(head, "big") if len(head) == 4 else None
+
+
+def choose_cache_entries(sizes: dict[Path, int], seconds: dict[Path, int | None],
+                         mtimes: dict[Path, float], fits: Callable[[list[int]], bool]
+                         ) -> list[Path]:
+    """The entries to hand off: those whose recorded compile seconds a next call saves
+    most within what ``fits`` (given the chosen sizes) allows. Greedy by seconds per byte
+    (an unknown time counts as 0 s; newest first among equals), set against the entry
+    that saves most on its own plus that same fill: the 0/1 knapsack's classic guard
+    (at least half the best subset's seconds), so that a large program that compiles
+    long (the NVFP4 training step) does not lose to small ones that fill the bytes first.
+
+    Example:
+      >>> a, b, c = Path("a"), Path("b"), Path("c")
+      >>> fits = lambda chosen: sum(chosen) <= 10
+      >>> choose_cache_entries({a: 9, b: 2, c: 2}, {a: 20, b: 3, c: 3},
+      ...                      {a: 0, b: 1, c: 2}, fits)
+      [PosixPath('a')]
+    """
+    order = sorted(sizes, key=lambda p: ((seconds[p] or 0) / max(sizes[p], 1), mtimes[p]),
+                   reverse=True)
+
+    def fill(chosen: list[Path]) -> list[Path]:
+        for p in order:
+            if p not in chosen and fits([sizes[q] for q in chosen + [p]]):
+                chosen = chosen + [p]
+        return chosen
+
+    def saved(chosen: list[Path]) -> int:
+        return sum(seconds[p] or 0 for p in chosen)
+
+    best = fill([])
+    single = [p for p in sizes if fits([sizes[p]])]
+    if single:
+        alone = max(single, key=lambda p: (seconds[p] or 0, mtimes[p]))
+        other = fill([alone])
+        if saved(other) > saved(best):
+            best = other
+    return best
+
+
 def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
                max_files: int) -> list[str]:
-    """Writes the newest compilation-cache entries of ``cache_dir`` that fit ``max_bytes``
-    in at most ``max_files`` parts as ``out/cache-STUDY.tar.partK`` (replacing older
-    parts), newest first: a call's own compilations before those it was handed.
-    Returns notes to print.
+    """Writes the compilation-cache entries of ``cache_dir`` that save a next call the
+    most compile time (`choose_cache_entries`) within ``max_bytes`` in at most
+    ``max_files`` parts, as ``out/cache-STUDY.tar.partK`` (replacing older parts).
+    Returns notes to print, naming the entries left out.
 
     Example:
       >>> import tempfile, study_specs
@@ -111,8 +177,12 @@ def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
       >>> _ = (cache / "new").write_bytes(b"n" * 100)
       >>> pack_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=20000, max_files=1)
       ['handoff: 2 of 2 compilation-cache files, 0.0 MiB (1 parts)']
-      >>> pack_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=0, max_files=1)
-      ['handoff: no compilation-cache file fits 0.0 MiB in 1 files']
+      >>> for note in pack_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=0,
+      ...                        max_files=1):
+      ...     print(note)
+      handoff: no compilation-cache file fits 0.0 MiB in 1 files
+        left out: old (0.0 MiB, compiled in ? s)
+        left out: new (0.0 MiB, compiled in ? s)
     """
     stem = f"cache-{spec.name}.tar"
     for parts in handoff.find_parts(out, stem).values():
@@ -121,20 +191,30 @@ def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
     if not Path(cache_dir).is_dir() or max_files <= 0:
         return []
     stats = {p: p.stat() for p in Path(cache_dir).rglob("*") if p.is_file()}
-    entries = sorted(stats, key=lambda p: stats[p].st_mtime, reverse=True)
-    chosen: list[Path] = []
-    for p in entries:  # newest first: this call's compilations
-        size = handoff.archive_bytes([stats[q].st_size for q in chosen + [p]])
-        if size <= max_bytes and -(-size // handoff.PART_BYTES) <= max_files:
-            chosen.append(p)
-    if not chosen:
-        return [f"handoff: no compilation-cache file fits {max_bytes / 2**20:.1f} MiB in "
-                f"{max_files} files"] if entries else []
-    k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out, stem,
-                     max_parts=max_files)
-    size = sum(stats[p].st_size for p in chosen)
-    return [f"handoff: {len(chosen)} of {len(entries)} compilation-cache files, "
-            f"{size / 2**20:.1f} MiB ({k} parts)"]
+    sizes = {p: st.st_size for p, st in stats.items()}
+    seconds = {p: recorded_compile_s(p) for p in stats}
+
+    def fits(chosen: list[int]) -> bool:
+        size = handoff.archive_bytes(chosen)
+        return size <= max_bytes and -(-size // handoff.PART_BYTES) <= max_files
+
+    mtimes = {p: st.st_mtime for p, st in stats.items()}
+    chosen = choose_cache_entries(sizes, seconds, mtimes, fits)
+    notes = []
+    if chosen:
+        k = handoff.pack([(p, p.relative_to(cache_dir).as_posix()) for p in chosen], out, stem,
+                         max_parts=max_files)
+        notes.append(f"handoff: {len(chosen)} of {len(stats)} compilation-cache files, "
+                     f"{sum(sizes[p] for p in chosen) / 2**20:.1f} MiB ({k} parts)")
+    elif stats:
+        notes.append(f"handoff: no compilation-cache file fits {max_bytes / 2**20:.1f} MiB in "
+                     f"{max_files} files")
+    left = sorted(set(stats) - set(chosen), key=lambda p: sizes[p], reverse=True)
+    notes += [f"  left out: {p.name[:40]} ({sizes[p] / 2**20:.1f} MiB, compiled in "
+              f"{'?' if seconds[p] is None else seconds[p]} s)" for p in left[:4]]
+    if len(left) > 4:
+        notes.append(f"  left out: {len(left) - 4} more")
+    return notes
 
 
 def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:

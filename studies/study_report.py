@@ -561,9 +561,9 @@ call, restricted to some units; on a machine of several GPUs it deals the varian
 one process per GPU, each handing off into `$OUT/gpuI`: unpack each folder.
 `benchmarks/gpu_studies_call.sh` runs several studies' seed batches in one call, each
 handing off its results into `$OUT/STUDY` as its batches finish and, after the call's
-last process, the newest compilation-cache entries that fit 38 MiB and the files left:
-`validation.py hand-off-cache`.) Then, here, with the folder of files the call returned
-(`files_at`):
+last process, the compilation-cache entries that save the most compile time in 38 MiB
+and the files left: `validation.py hand-off-cache`.) Then, here, with the folder of
+files the call returned (`files_at`):
 
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from FILES_AT
     git add studies/results/pure_llama/*.json && git commit -m "study: pure_llama results"
@@ -572,8 +572,8 @@ and pass `carry=["studies/handoff"]` to the next call. What travels (`--handoff`
 results; the checkpoint of a unit the budget cut off, when it fits the tool's 64 MiB (the
 `long_data` model's does; a `pure_llama` or `hybrid` unit's does not and restarts:
 `run` starts a unit only when the time measured on an earlier unit of its kind fits
-what is left); and the newest entries of the persistent compilation cache
-(`studies/results/STUDY/work/jax_cache`), which serve the next call (an NVFP4 step's
+what is left); and the persistent compilation cache's entries that save the most compile
+time (`studies/results/STUDY/work/jax_cache`), which serve the next call (an NVFP4 step's
 Pallas Mosaic GPU kernels carry a process-wide counter in their serialized modules, JAX
 0.11.2, so only a process that traces in the same order lowers the same program:
 `tests/test_compile_cache_keys.py`). Within a call the later seeds of a variant reuse the

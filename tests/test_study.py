@@ -2,14 +2,18 @@
 
 import dataclasses
 import doctest
+import itertools
 import json
 import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 import types
+import zlib
+from pathlib import Path
 
 import hypothesis
 import jax
@@ -104,7 +108,8 @@ def test_resume_through_a_handoff_is_bitwise_the_straight_run(tmp_path):
 
 def test_cache_handoff_keeps_the_newest_entries_that_fit_and_a_cut_copy_changes_nothing(
         tmp_path, monkeypatch):
-    """`pack_cache` hands off the newest entries within its bytes and parts (older parts
+    """Among entries of unknown compile time (not JAX's format), `pack_cache` hands off
+    the newest within its bytes and parts, naming those it left out (older parts
     of the same archive removed, so no stale part joins a new archive); restoring parts
     of which one is missing leaves the cache as it was (no half-extracted entry) and says
     so, and whole parts restore every entry byte for byte."""
@@ -117,7 +122,9 @@ def test_cache_handoff_keeps_the_newest_entries_that_fit_and_a_cut_copy_changes_
     notes = study_handoff.pack_cache(TINY, cache, out, max_bytes=40000, max_files=7)
     assert notes == ["handoff: 3 of 3 compilation-cache files, 0.0 MiB (6 parts)"]
     notes = study_handoff.pack_cache(TINY, cache, out, max_bytes=20000, max_files=7)
-    assert notes == ["handoff: 1 of 3 compilation-cache files, 0.0 MiB (2 parts)"]
+    assert notes == ["handoff: 1 of 3 compilation-cache files, 0.0 MiB (2 parts)",
+                     "  left out: middle (0.0 MiB, compiled in ? s)",
+                     "  left out: oldest (0.0 MiB, compiled in ? s)"]
     assert sorted(p.name for p in out.iterdir()) == ["cache-tiny.tar.part0",
                                                      "cache-tiny.tar.part1"]
     (out / "cache-tiny.tar.part1").unlink()  # a call stopped inside the entry's parts
@@ -131,6 +138,77 @@ def test_cache_handoff_keeps_the_newest_entries_that_fit_and_a_cut_copy_changes_
     assert sorted(p.relative_to(into).as_posix() for p in into.rglob("*") if p.is_file()) == [
         "middle", "xla/tuned"]
     assert (into / "xla" / "tuned").read_bytes() == b"C" * 8000
+
+
+def _jax_cache_entry(path, compile_s, size):
+    """A file in JAX 0.11.2's persistent-cache format (zlib, no zstandard): a 4-byte
+    big-endian compile time, then an executable (here random, so it does not shrink)."""
+    path.write_bytes(zlib.compress(compile_s.to_bytes(4, "big") + os.urandom(size)))
+    return path
+
+
+def test_cache_handoff_keeps_the_entries_that_save_the_most_compile_time(tmp_path):
+    """Where the bytes do not hold every entry, `pack_cache` hands off the old training
+    step that took 30 s to compile before newer entries that took 8 s and 3 s (what
+    newest-first did: the paper step left out on the H200), and names what it left
+    out with its size and recorded compile time."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    for i, (name, secs, size) in enumerate([("jit_batched-step", 30, 60000),
+                                            ("jit_lambda-eval", 8, 30000),
+                                            ("jit_lambda-init", 3, 5000)]):
+        os.utime(_jax_cache_entry(cache / name, secs, size), (1000 + i, 1000 + i))
+    assert study_handoff.recorded_compile_s(cache / "jit_batched-step") == 30
+    notes = study_handoff.pack_cache(TINY, cache, out, max_bytes=80000, max_files=7)
+    assert notes[0].startswith("handoff: 2 of 3 compilation-cache files"), notes
+    assert notes[1:] == ["  left out: jit_lambda-eval (0.0 MiB, compiled in 8 s)"]
+    into = tmp_path / "into"
+    study_handoff.restore_handoff(TINY, tmp_path / "r", out, into)
+    assert sorted(p.name for p in into.iterdir()) == ["jit_batched-step", "jit_lambda-init"]
+
+
+def test_recorded_compile_s_reads_an_entry_jax_wrote(tmp_path):
+    """An entry JAX itself writes to its persistent cache (a subprocess with the cache on
+    and no compile-time or size floor) reads back a compile time: the format
+    `recorded_compile_s` assumes is the one this JAX writes."""
+    code = ("import jax, jax.numpy as jnp; jax.jit(lambda x: jnp.sin(x) @ x)"
+            "(jnp.ones((8, 8))).block_until_ready()")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    entries = [p for p in tmp_path.iterdir() if p.name.endswith("-cache")]
+    assert entries
+    for p in entries:
+        secs = study_handoff.recorded_compile_s(p)
+        assert isinstance(secs, int) and 0 <= secs < 60, (p.name, secs)
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.integers(1, 50),
+                                     st.one_of(st.none(), st.integers(0, 40))),
+                           min_size=1, max_size=8),
+                  st.integers(0, 120))
+@hypothesis.example(entries=[(1, 2), (50, 40)], capacity=50)  # greedy by density alone: 2 s
+def test_chosen_cache_entries_fit_cannot_grow_and_save_half_the_best(entries, capacity):
+    """For any entries (size, recorded seconds or unknown) and capacity, the chosen ones
+    fit; no entry left out would still fit beside them; and they save at least half the
+    compile seconds of the best subset that fits (checked by brute force)."""
+    paths = [Path(f"e{i}") for i in range(len(entries))]
+    sizes = {p: size for p, (size, _) in zip(paths, entries)}
+    seconds = {p: secs for p, (_, secs) in zip(paths, entries)}
+    mtimes = {p: float(i) for i, p in enumerate(paths)}
+
+    def fits(chosen):
+        return sum(chosen) <= capacity
+
+    chosen = study_handoff.choose_cache_entries(sizes, seconds, mtimes, fits)
+    assert len(set(chosen)) == len(chosen) and fits([sizes[p] for p in chosen])
+    assert not any(fits([sizes[q] for q in chosen + [p]]) for p in paths if p not in chosen)
+    best = max(sum(seconds[p] or 0 for p in subset)
+               for k in range(len(paths) + 1) for subset in itertools.combinations(paths, k)
+               if fits([sizes[p] for p in subset]))
+    assert 2 * sum(seconds[p] or 0 for p in chosen) >= best
 
 
 def test_run_study_leaves_a_unit_that_cannot_fit_to_the_next_call(tmp_path):
