@@ -209,12 +209,43 @@ def pack_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int,
     elif stats:
         notes.append(f"handoff: no compilation-cache file fits {max_bytes / 2**20:.1f} MiB in "
                      f"{max_files} files")
-    left = sorted(set(stats) - set(chosen), key=lambda p: sizes[p], reverse=True)
+    left = sorted(set(stats) - set(chosen), key=lambda p: (sizes[p], mtimes[p], p.name),
+                  reverse=True)  # largest first; set order varies with the hash seed
     notes += [f"  left out: {p.name[:40]} ({sizes[p] / 2**20:.1f} MiB, compiled in "
               f"{'?' if seconds[p] is None else seconds[p]} s)" for p in left[:4]]
     if len(left) > 4:
         notes.append(f"  left out: {len(left) - 4} more")
     return notes
+
+
+def hand_off_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: int
+                   ) -> list[str]:
+    """A device call's last step for a study: `pack_cache` into ``out/STUDY`` (``out``:
+    the call's ``$OUT``) within what the call has left of ``max_bytes`` (less the cache
+    parts earlier studies of the call handed off) and of the `HANDOFF_FILES` the device
+    tool returns (less every file already in ``out``). This study's own older parts,
+    which `pack_cache` replaces, count for neither.
+
+    Example:
+      >>> import tempfile, study_specs
+      >>> cache, out = (Path(tempfile.mkdtemp()) for _ in range(2))
+      >>> _ = (cache / "entry").write_bytes(b"e" * 100)
+      >>> for name in ["logs/1-smoke.log", "logs/2-smoke.log", "smoke/results-smoke.tar.gz"]:
+      ...     (out / name).parent.mkdir(exist_ok=True)
+      ...     _ = (out / name).write_bytes(b"")
+      >>> hand_off_cache(study_specs.STUDIES["smoke"], cache, out, max_bytes=2**20)
+      ['handoff: 1 of 1 compilation-cache files, 0.0 MiB (1 parts)']
+      >>> sorted(p.name for p in (out / "smoke").iterdir())
+      ['cache-smoke.tar.part0', 'results-smoke.tar.gz']
+    """
+    out = Path(out)
+    own = {p for parts in handoff.find_parts(out / spec.name, f"cache-{spec.name}.tar").values()
+           for p in parts}
+    others = [p for p in out.rglob("*") if p.is_file() and p not in own]
+    used = sum(p.stat().st_size for p in others
+               if p.name.startswith("cache-") and ".tar.part" in p.name)
+    return pack_cache(spec, cache_dir, out / spec.name, max_bytes=max_bytes - used,
+                      max_files=HANDOFF_FILES - len(others))
 
 
 def _partial_key(spec: StudySpec, stem: str) -> tuple[str, int]:

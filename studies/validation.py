@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python studies/validation.py plan pure_llama          # sizes, epochs, status
     PYTHONPATH=. python studies/validation.py run pure_llama --budget-s 500 --handoff $OUT
-    PYTHONPATH=. python studies/validation.py hand-off-cache pure_llama --to $OUT/pure_llama \
-        --max-mib 38 --max-files 3          # a call's last step: its compilations, for the next
+    PYTHONPATH=. python studies/validation.py hand-off-cache pure_llama --out $OUT \
+        --max-mib 38                        # a call's last step: its compilations, for the next
     PYTHONPATH=. python studies/validation.py unpack pure_llama --from DIR  # after a call
     PYTHONPATH=. python studies/validation.py adopt pure_llama --from-study noise_pilot
     PYTHONPATH=. python studies/validation.py repeats pure_llama --results REPLAY  # bit for bit?
@@ -33,7 +33,7 @@ from study_specs import CORPORA, REPO, STUDIES, VARIANTS  # first: it puts examp
 import data as data_lib
 import jax
 from seed_batch import run_seed_batches
-from study_handoff import pack_cache, pack_handoff, restore_handoff, unpack
+from study_handoff import hand_off_cache, pack_handoff, restore_handoff, unpack
 from study_results import load_results, repeats
 from unit_runs import adopt_units, finished, run_study, status_lines
 
@@ -100,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a seed batch with no timed batch to go by starts only with S "
                         "seconds or more left (default: only as the call's first batch)")
     hc = sub.choices["hand-off-cache"]
-    hc.add_argument("--to", required=True, help="the device tool's $OUT/STUDY")
+    hc.add_argument("--out", required=True,
+                    help="the device tool's $OUT: the parts go into $OUT/STUDY, in the "
+                         "files it has left of the 8 a call returns")
     hc.add_argument("--max-mib", type=float, required=True,
-                    help="at most this many MiB of entries (the next call carries them "
-                         "in its 64 MiB working tree, beside the repository)")
-    hc.add_argument("--max-files", type=int, required=True,
-                    help="in at most this many parts (of the 8 files a call returns)")
+                    help="at most this many MiB of the call's cache parts, all studies' "
+                         "together (the next call carries them in its 64 MiB working "
+                         "tree, beside the repository)")
     hc.add_argument("--compile-cache", default=None,
                     help="default RESULTS/work/jax_cache, as `run`'s")
     u = sub.choices["unpack"]
@@ -166,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
     if a.cmd == "hand-off-cache":
-        for line in pack_cache(spec, Path(_compile_cache(a, results)), Path(a.to),
-                               max_bytes=int(a.max_mib * 2**20), max_files=a.max_files):
+        for line in hand_off_cache(spec, Path(_compile_cache(a, results)), Path(a.out),
+                                   max_bytes=int(a.max_mib * 2**20)):
             print(line)
         return 0
     print(f"[{spec.name}] {spec.title}\n  {spec.describe()}", flush=True)

@@ -167,6 +167,26 @@ def test_cache_handoff_keeps_the_entries_that_save_the_most_compile_time(tmp_pat
     assert sorted(p.name for p in into.iterdir()) == ["jit_batched-step", "jit_lambda-init"]
 
 
+def test_hand_off_cache_counts_what_out_holds_but_not_the_studys_own_older_parts(
+        tmp_path, monkeypatch):
+    """`hand_off_cache` leaves `pack_cache` the device tool's 8 files less every file in
+    $OUT (logs, archives, another study's cache parts) and the bytes less the other
+    studies' cache parts; this study's older parts, which the new ones replace, count for
+    neither."""
+    out = tmp_path / "out"
+    files = {"logs/1-tiny.log": 10, "logs/2-hybrid.log": 10, "autotune.tar": 10,
+             "tiny/results-tiny.tar.gz": 10, "hybrid/cache-hybrid.tar.part0": 3000,
+             "tiny/cache-tiny.tar.part0": 5000, "tiny/cache-tiny.tar.part1": 5000}
+    for name, size in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(b"x" * size)
+    seen = {}
+    monkeypatch.setattr(study_handoff, "pack_cache",
+                        lambda spec, cache, to, **kw: seen.update(to=to, **kw) or [])
+    study_handoff.hand_off_cache(TINY, tmp_path / "cache", out, max_bytes=10000)
+    assert seen == {"to": out / "tiny", "max_bytes": 7000, "max_files": 3}
+
+
 def test_recorded_compile_s_reads_an_entry_jax_wrote(tmp_path):
     """An entry JAX itself writes to its persistent cache (a subprocess with the cache on
     and no compile-time or size floor) reads back a compile time: the format
