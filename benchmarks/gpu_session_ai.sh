@@ -29,12 +29,8 @@
 # BF16 batch of six (~195 s) or, where six do not fit, of three (~111-116 s; its process
 # 118-126 s now that it loads the corpus from the corpus cache). The ranges hold what a
 # session can reach; the batches of a range that do not fit print a line each and wait.
-DONE=${1:?the count of results unpack printed last}
-HAVE=$(find studies/results/pure_llama -maxdepth 1 -name '*.json' | wc -l)
-if [ "$HAVE" -ne "$DONE" ]; then
-  echo "the tree holds $HAVE pure_llama results, not $DONE: unpack the last call first"
-  exit 3
-fi
+bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
+  || exit
 bash benchmarks/gpu_studies_call.sh "${2:-560}" \
   "pure_llama:paper:prose:$(seq -s, 96 113):6" \
   "pure_llama:bf16:prose:$(seq -s, 102 107),$(seq -s, 111 122):6" \

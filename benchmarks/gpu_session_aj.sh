@@ -32,12 +32,8 @@
 # a range that do not fit print a line each and wait. Where the session's last minutes
 # fit only a smaller batch than these ranges' next, call gpu_studies_call.sh directly
 # with that batch's seeds (as the twenty-ninth session did for BF16 s123-125).
-DONE=${1:?the count of results unpack printed last}
-HAVE=$(find studies/results/pure_llama -maxdepth 1 -name '*.json' | wc -l)
-if [ "$HAVE" -ne "$DONE" ]; then
-  echo "the tree holds $HAVE pure_llama results, not $DONE: unpack the last call first"
-  exit 3
-fi
+bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
+  || exit
 bash benchmarks/gpu_studies_call.sh "${2:-560}" \
   "pure_llama:paper:prose:$(seq -s, 114 150):6" \
   "pure_llama:bf16:prose:$(seq -s, 126 150):6" \

@@ -232,3 +232,25 @@ def test_a_budget_of_560_runs(tmp_path):
     rc, out, calls = _run(tmp_path, "560", "pure_llama:paper")
     assert rc == 0, out
     assert float(_opt(calls[0], "--budget-s")) == 560
+
+
+def test_a_session_call_stops_before_training_over_a_tree_without_the_last_results(
+        tmp_path):
+    """`expect_results.sh STUDY N` exits 3 and names both counts where the tree holds
+    another number of the study's results than N (a call over it would train the last
+    call's seeds again), 0 where they agree."""
+    results = tmp_path / "studies" / "results" / "pure_llama"
+    results.mkdir(parents=True)
+    for i in range(2):
+        (results / f"u{i}.json").write_text("{}")
+    (results / "work").mkdir()  # not a result
+    script = os.path.join(REPO, "benchmarks", "expect_results.sh")
+
+    def check(n):
+        return subprocess.run(["bash", script, "pure_llama", str(n)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=30)
+
+    assert check(2).returncode == 0
+    stale = check(3)
+    assert stale.returncode == 3
+    assert "holds 2 pure_llama results, not 3" in stale.stdout
