@@ -31,7 +31,10 @@
 # do not fit, of three (106 s). The ranges hold what a session can reach; the batches of
 # a range that do not fit print a line each and wait. Where the session's last minutes
 # fit only a smaller batch than these ranges' next, call gpu_studies_call.sh directly
-# with that batch's seeds (as the twenty-ninth session did for BF16 s123-125).
+# with that batch's seeds (as the twenty-ninth session did for BF16 s123-125). A batch
+# starts only where BUDGET covers its estimate (the "needs ~N s" a skipped batch prints:
+# paper six ~255 s, BF16 six ~184 s, BF16 three ~113 s) plus ~31 s (the 30 s reserve and
+# the process's start): a BF16 three needs BUDGET >= 145 (140 fitted nothing, h200ag).
 bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
   || exit
 bash benchmarks/gpu_studies_call.sh "${2:-560}" \
