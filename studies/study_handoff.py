@@ -141,8 +141,8 @@ def choose_cache_entries(sizes: dict[Path, int], seconds: dict[Path, int | None]
       ...                      {a: 0, b: 1, c: 2}, fits)
       [PosixPath('a')]
     """
-    order = sorted(sizes, key=lambda p: ((seconds[p] or 0) / max(sizes[p], 1), mtimes[p]),
-                   reverse=True)
+    secs = {p: seconds[p] or 0 for p in sizes}
+    order = sorted(sizes, key=lambda p: (secs[p] / max(sizes[p], 1), mtimes[p]), reverse=True)
 
     def fill(chosen: list[Path]) -> list[Path]:
         for p in order:
@@ -151,12 +151,12 @@ def choose_cache_entries(sizes: dict[Path, int], seconds: dict[Path, int | None]
         return chosen
 
     def saved(chosen: list[Path]) -> int:
-        return sum(seconds[p] or 0 for p in chosen)
+        return sum(secs[p] for p in chosen)
 
     best = fill([])
     single = [p for p in sizes if fits([sizes[p]])]
     if single:
-        alone = max(single, key=lambda p: (seconds[p] or 0, mtimes[p]))
+        alone = max(single, key=lambda p: (secs[p], mtimes[p]))
         other = fill([alone])
         if saved(other) > saved(best):
             best = other
@@ -242,8 +242,9 @@ def hand_off_cache(spec: StudySpec, cache_dir: Path, out: Path, *, max_bytes: in
     own = {p for parts in handoff.find_parts(out / spec.name, f"cache-{spec.name}.tar").values()
            for p in parts}
     others = [p for p in out.rglob("*") if p.is_file() and p not in own]
-    used = sum(p.stat().st_size for p in others
-               if p.name.startswith("cache-") and ".tar.part" in p.name)
+    cache_parts = {p for d in {q.parent for q in others}
+                   for parts in handoff.find_parts(d, "cache-").values() for p in parts}
+    used = sum(p.stat().st_size for p in cache_parts - own)
     return pack_cache(spec, cache_dir, out / spec.name, max_bytes=max_bytes - used,
                       max_files=HANDOFF_FILES - len(others))
 
