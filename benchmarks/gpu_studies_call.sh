@@ -24,9 +24,12 @@
 # --resume-from`; a copy cut short is ignored). CACHE_MIB keeps the carried parts and
 # the repository (~20 MB tracked) inside the tool's 64 MiB tree
 # (tests/test_study_call_scripts.py checks the margin). The XLA
-# flags below are part of the cache key, so they name the same files in every call: each
-# process dumps the autotuner's picks to studies/results/STUDY/work/autotune/
-# N-STUDY.textproto (N: the argument's place; gzipped), which the call archives as
+# flags below are part of the cache key (JAX hashes XLA_FLAGS), so every process of a
+# study gets the same ones, in every call and whatever its argument's place: each dumps
+# the autotuner's picks to studies/results/STUDY/work/autotune/picks.textproto, which the
+# script then gzips to N-STUDY.textproto.gz (N: the argument's place) beside it. (Named by
+# the place in the flag itself, a batch missed the cache written by the same batch at
+# another place: benchmarks/results/2026-12-04-h200ah.) The call archives the dumps as
 # $OUT/autotune.tar at its end, for
 # `benchmarks/autotune_picks.py` to compare; a process that loads its programs from the
 # cache still dumps the picks it loaded, and `batch_plans.batch_wall_estimate` still
@@ -81,7 +84,7 @@ for ARG in "$@"; do
     rm -rf "$PICKS_DIR"  # a warm machine's earlier call's picks: not this call's
     if [ -d "$CARRIED" ]; then RESUME=(--resume-from "$CARRIED"); fi
   fi
-  PICKS="$PICKS_DIR/$N-$STUDY.textproto"
+  PICKS="$PICKS_DIR/picks.textproto"
   LOG="$OUT/logs/$N-$STUDY.log"
   mkdir -p "$PICKS_DIR" "$OUT/logs"
   XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
@@ -91,7 +94,7 @@ for ARG in "$@"; do
     "${RESUME[@]}" "${UNESTIMATED[@]}" \
     > "$LOG" 2>&1
   RC=$?
-  if [ -f "$PICKS" ]; then gzip -f "$PICKS"; fi
+  if [ -f "$PICKS" ]; then gzip -c "$PICKS" > "$PICKS_DIR/$N-$STUDY.textproto.gz" && rm "$PICKS"; fi
   echo "== $STUDY: rc=$RC, $((SECONDS - T0)) s into the call"
   tail -c $((10000 / $#)) "$LOG"
 done

@@ -110,11 +110,12 @@ def test_a_batch_size_below_two_is_refused(tmp_path, k):
 
 def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path):
     """Each process loads the committed autotuning picks (a dump in XLA's format, read by
-    `autotune_picks`) and gets --xla_gpu_dump_autotune_results_to a file in the study's
-    ignored work folder named by the argument's place and study (the same path in every
-    call, since the flag is part of the compilation cache's key; two processes of one
-    study do not overwrite each other), after any XLA_FLAGS already set; the call gzips
-    each written file and returns them all as one archive, $OUT/autotune.tar."""
+    `autotune_picks`) and gets --xla_gpu_dump_autotune_results_to the study's one dump
+    file in its ignored work folder, after any XLA_FLAGS already set: the flag is part of
+    the compilation cache's key, so every process of a study gets the same flags whatever
+    its argument's place. The script moves each written dump to N-STUDY.textproto.gz (N:
+    the argument's place; two processes of one study do not overwrite each other) and
+    returns them all as one archive, $OUT/autotune.tar."""
     rc, out, calls = _run(tmp_path, "540", "pure_llama:paper", "pure_llama:bf16")
     assert rc == 0, out
     assert len(_runs(calls)) == 2
@@ -122,23 +123,38 @@ def test_each_study_process_loads_the_committed_picks_and_dumps_its_own(tmp_path
     tree = _tree(tmp_path)
     assert autotune_picks.read_picks(str(tree / "studies" / "autotune_picks.textproto"))
     work = tree / "studies" / "results" / "pure_llama" / "work" / "autotune"
-    picks = [str(work / f"{n}-pure_llama.textproto") for n in (1, 2)]
     before = os.environ.get("XLA_FLAGS", "")  # the suite's own CPU flags, if any
-    assert flags == [f"{before + ' ' if before else ''}--xla_gpu_load_autotune_results_from="
-                     f"{tree}/studies/autotune_picks.textproto "
-                     f"--xla_gpu_dump_autotune_results_to={p}" for p in picks]
+    assert flags == 2 * [f"{before + ' ' if before else ''}--xla_gpu_load_autotune_results_from="
+                         f"{tree}/studies/autotune_picks.textproto "
+                         f"--xla_gpu_dump_autotune_results_to={work}/picks.textproto"]
     assert not (tmp_path / "out" / "autotune.tar").exists()  # no process wrote picks
     _stand_in(tmp_path, "python3",  # one that writes the file, as XLA would
               'if [ "$2" = run ]; then f="${XLA_FLAGS##*dump_autotune_results_to=}"; '
-              'echo "version: 3" > "$f"; fi')
+              'a="$*"; v="${a##*--variants }"; echo "version: 3 ${v%% *}" > "$f"; fi')
     env = _script_env(tmp_path, XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true")
     subprocess.run(["bash", SCRIPT, "540", "pure_llama:paper", "pure_llama:bf16"], env=env,
                    check=True, capture_output=True, cwd=tree, timeout=60)
+    assert not (work / "picks.textproto").exists()
     with tarfile.open(tmp_path / "out" / "autotune.tar") as tar:
         assert sorted(tar.getnames()) == [f"pure_llama/work/autotune/{n}-pure_llama"
                                           ".textproto.gz" for n in (1, 2)]
-        dump = tar.extractfile("pure_llama/work/autotune/1-pure_llama.textproto.gz")
-        assert gzip.decompress(dump.read()) == b"version: 3\n"
+        for n, variant in ((1, "paper"), (2, "bf16")):
+            dump = tar.extractfile(f"pure_llama/work/autotune/{n}-pure_llama.textproto.gz")
+            assert gzip.decompress(dump.read()) == f"version: 3 {variant}\n".encode()
+
+
+def test_a_study_process_gets_the_same_xla_flags_at_any_place_in_the_call(tmp_path):
+    """The same study, first in one call and third in another (after other studies),
+    gets byte-identical XLA_FLAGS: JAX hashes them into the compilation cache's key, so a
+    batch finds the programs the same batch compiled at another place."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _run(tmp_path / "a", "540", "pure_llama:bf16")
+    _run(tmp_path / "b", "540", "hybrid:bf16", "long_data:paper", "pure_llama:bf16")
+    first = (tmp_path / "a" / "xla_flags.txt").read_text().splitlines()
+    third = (tmp_path / "b" / "xla_flags.txt").read_text().splitlines()
+    tree_a, tree_b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    assert first[0] == third[2].replace(str(tree_b), str(tree_a))  # the same tree on the device
 
 
 def test_the_first_process_of_each_study_restores_the_carried_compilation_cache(tmp_path):
