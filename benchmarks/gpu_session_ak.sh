@@ -18,7 +18,7 @@
 #
 # pure_llama plans 151 prose pairs (BF16 and the paper recipe); paper s0-131 and BF16
 # s0-140 are done (benchmarks/results/2026-12-04-h200ah). Left: paper s132-150 (19) and
-# BF16 s141-150 (10). A batch of one seed never runs (seed_batch.run_batches skips it), so
+# BF16 s141-150 (10). A batch of one seed never runs (seed_batch.run_seed_batches skips it), so
 # the last paper batch takes seven seeds and BF16 runs in two fives (the second of a
 # process reuses the first's programs). Estimates the batches start by (the "needs ~N s"
 # a skipped batch prints; the 30 s reserve and the process's start come on top): BF16
