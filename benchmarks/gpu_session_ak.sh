@@ -18,9 +18,10 @@
 #
 # pure_llama plans 151 prose pairs (BF16 and the paper recipe); paper s0-131 and BF16
 # s0-140 are done (benchmarks/results/2026-12-04-h200ah). Left: paper s132-150 (19) and
-# BF16 s141-150 (10). A batch of one seed never runs (seed_batch.run_seed_batches skips it), so
-# the last paper batch takes seven seeds and BF16 runs in two fives (the second of a
-# process reuses the first's programs). Estimates the batches start by (the "needs ~N s"
+# BF16 s141-150 (10). A seed left alone never runs in a seed-batch call
+# (batch_plans.batch_plan leaves it out of the batches), so the last paper batch takes
+# seven seeds and BF16 runs in two fives (the second of a process reuses the first's
+# programs). Estimates the batches start by (the "needs ~N s"
 # a skipped batch prints; the 30 s reserve and the process's start come on top): BF16
 # five ~196 s, paper six ~295 s, paper seven ~380 s (its six scaled up, times 1.1; it
 # should take ~340 s). Planned: call 1 (cold) BF16 s141-145 and paper s132-137; call 2
