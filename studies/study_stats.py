@@ -1,6 +1,7 @@
 """Interval math of the validation study (issue 12): Student-t intervals of a mean, with
 seeds treated as independent or clustered by what they share, Welch intervals of a
-difference, and the seeds a target half-width needs.
+difference, the seeds a target half-width needs, and Stein's two-stage interval, whose
+total seeds a first stage's spread fixes.
 
 The study reports each gap as a mean over seeds with a 95% interval; an interval wider
 than ±`WIDE_PP` percentage points does not resolve it.
@@ -174,3 +175,49 @@ def seeds_for_half_width(sd: float, target: float) -> int:
     while t_critical(n - 1) * sd / math.sqrt(n) > target:
         n += 1
     return n
+
+
+def stein_seeds(stage_one: Sequence[float], target: float) -> int:
+    """The seeds Stein's two-stage rule fixes from a first stage's values: the fewest
+    ``N >= n₁`` with ``t(0.975, n₁-1) · s₁ / √N <= target``, where ``s₁`` is the sd of the
+    ``n₁`` first-stage values.
+
+    Seeds added until the interval is narrow enough would make the stopping point depend
+    on the values themselves; this count depends on the first stage's sd alone, so the
+    interval `stein_interval` builds on all ``N`` keeps its 95% coverage.
+
+    Example:
+      >>> stein_seeds([1.0, 2.0, 3.0], 0.5)  # t(2) = 4.3027, s₁ = 1: ⌈(4.3027 / 0.5)²⌉
+      75
+    """
+    x = _finite_values(stage_one)
+    if x.size < 2 or not target > 0:
+        raise ValueError(f"need two or more first-stage values and target > 0, got "
+                         f"{x.size} values, target={target!r}")
+    reach = t_critical(x.size - 1) * float(np.std(x, ddof=1)) / target
+    return max(int(x.size), math.ceil(reach * reach - 1e-9))
+
+
+def stein_interval(values: Sequence[float], first_stage: int) -> Interval:
+    """The mean of all ``values`` with Stein's two-stage 95% half-width
+    ``t(0.975, n₁-1) · s₁ / √n``: the first ``first_stage`` values (``n₁``) are the
+    first stage, whose sd ``s₁`` the interval keeps however the later values spread.
+
+    Where ``n₁`` normal values fixed ``n`` (`stein_seeds`), the mean of the ``n`` is
+    independent of ``s₁``, so ``(mean - μ) √n / s₁`` is t with ``n₁ - 1`` degrees of
+    freedom and the coverage is exactly 95%; with ``n`` at `stein_seeds`'s count the
+    half-width is at most its target by construction. With no second stage
+    (``n = n₁``) it is `mean_interval`'s. ``sd`` is ``s₁``.
+
+    Example:
+      >>> iv = stein_interval([1.0, 2.0, 3.0, 2.5], first_stage=3)
+      >>> iv.mean, round(iv.half_width, 6)  # t(2) · 1 / √4
+      (2.125, 2.151326)
+    """
+    x = _finite_values(values)
+    if not (isinstance(first_stage, int) and 2 <= first_stage <= x.size):
+        raise ValueError(f"first_stage must be an int from 2 to the {x.size} values, "
+                         f"got {first_stage!r}")
+    sd = float(np.std(x[:first_stage], ddof=1))
+    return Interval(float(np.mean(x)), t_critical(first_stage - 1) * sd / math.sqrt(x.size),
+                    int(x.size), sd)
