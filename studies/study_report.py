@@ -41,6 +41,8 @@ from study_stats import (
     clustered_interval,
     mean_interval,
     seeds_for_half_width,
+    stein_interval,
+    stein_seeds,
     t_critical,
 )
 
@@ -653,6 +655,34 @@ SHIP_TARGET = 0.005
 """Issue 12's goal for the best variant we ship: within 0.5% of BF16."""
 
 
+def two_stage(spec: Any, corpus: str, gaps: dict[int, float]
+              ) -> tuple[Interval, int, int] | None:
+    """Stein's two-stage interval of a full-recipe gap ``{seed: gap}`` on ``corpus``
+    where ``spec.stage_one`` names a first stage there and all of its pairs are in:
+    ``(stein_interval over every pair, the pairs stein_seeds fixes, n₁)``, the first
+    stage being the ``n₁`` lowest seeds; None otherwise."""
+    n1 = dict(spec.stage_one).get(corpus)
+    if n1 is None or len(gaps) < n1:
+        return None
+    values = [gaps[s] for s in sorted(gaps)]
+    return stein_interval(values, n1), stein_seeds(values[:n1], WIDE_PP / 100), n1
+
+
+def _two_stage_line(spec: Any, corpus: str, where: str, stein: tuple[Interval, int, int]
+                    ) -> str:
+    """The goals bullet of a two-stage interval: the count its first stage fixes, the
+    plan's count where that differs, and the interval so far against ±`WIDE_PP` pp."""
+    iv, need, n1 = stein
+    planned = len(set(spec.seeds_of(corpus, BASELINE)) & set(spec.seeds_of(corpus, FULL_RECIPE)))
+    plan = "" if planned == need else f"; **the plan holds {planned} pairs, not {need}**"
+    state = ("narrower" if not iv.wide else
+             f"wider so far ({iv.n} of the {need})" if iv.n < need else "wider")
+    return (f"  - {where}, two-stage (Stein): the first {n1} seeds' sd {iv.sd * 100:.2f} pp "
+            f"fixes {need} seeds (t({n1 - 1}) · sd / √{need} <= {WIDE_PP} pp){plan}; over "
+            f"{iv.n}: {_pct(iv.mean)} {_interval_text(iv)}, ±{iv.half_width * 100:.2f} pp "
+            f"with the first stage's sd: {state}")
+
+
 def _verdict(iv: Interval, low: float, high: float, below: str, inside: str, above: str,
              unresolved: str) -> str:
     """Where a gap's 95% interval lies against ``[low, high]`` (one seed: unresolved)."""
@@ -718,6 +748,9 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
                     f"  - {where}: {width}: narrower" if not iv.wide else
                     f"  - {where}: {width}: wider; ±{WIDE_PP} pp would take "
                     f"{seeds_for_half_width(iv.sd, WIDE_PP / 100)} seeds at that sd")
+            stein = two_stage(spec, corpus, gaps[FULL_RECIPE])
+            if stein is not None:
+                widths.append(_two_stage_line(spec, corpus, where, stein))
         against = paired_gaps(variants, FULL_RECIPE)
         for v in ABLATIONS:
             if v in spec.variants_of(corpus) and len(against.get(v, {})) >= 2:
@@ -781,6 +814,11 @@ def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]
                 cell = "— (one seed)"
             else:
                 cell = _interval_text(iv) + (" **too wide**" if iv.wide else "")
+            stein = two_stage(spec, corpus, gaps[v]) if v == FULL_RECIPE else None
+            if stein is not None and stein[0].n > stein[2]:  # with no second stage, iv
+                siv, need, n1 = stein
+                cell += (f"; two-stage ({n1} → {need} seeds): {_interval_text(siv)}"
+                         + (" **too wide**" if siv.wide else ""))
             lines.append(f"| {spec.name} | {corpus} | {tpp:g} | {v} | "
                          f"{_pct(iv.mean)} | {cell} | {iv.n} |")
     if not lines:
@@ -803,7 +841,11 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         "The gap of a variant is its final validation loss relative to BF16's, paired by "
         "seed (the same seed gives the same initialization, data order and SR keys): "
         "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
-        f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. "
+        f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. Where "
+        "a study's pairs on a corpus were fixed by Stein's two-stage rule (the first "
+        f"stage's sd sets how many pairs give ±{WIDE_PP} pp), the full recipe's gap also gets the "
+        "two-stage interval, `t(n₁ - 1) · s₁ / √n` with the first stage's n₁ pairs and sd "
+        "s₁, once pairs beyond the first stage are in. "
         "Validation losses are in bits per byte (byte-level models). A quantized run's "
         "final weights are also evaluated with BF16 forward GEMMs: the quantized forward's "
         "cost, `val / val_bf16_forward - 1` on the same weights (its range over the seeds "

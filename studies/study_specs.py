@@ -157,6 +157,11 @@ class StudySpec:
       unit_seeds: ``(corpus, variant, seeds)`` triples giving a corpus's variant these
         seeds instead of ``seeds`` (more seeds where an interval needs them); a variant's
         seeds must be among `BASELINE`'s on that corpus, so that each one pairs.
+      stage_one: ``(corpus, n₁)`` pairs: the full recipe's gaps on that corpus over its
+        first ``n₁`` paired seeds are the first stage of Stein's two-stage rule, whose sd
+        fixed how many pairs the corpus plans (`study_stats.stein_seeds`); the report
+        gives the two-stage interval beside the usual one and says where the plan holds
+        another count than the rule.
     """
 
     name: str
@@ -184,6 +189,7 @@ class StudySpec:
     custom_variants: tuple[Variant, ...] = ()
     corpus_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
     unit_seeds: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    stage_one: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.model, (LlamaConfig, HybridConfig)):
@@ -225,6 +231,16 @@ class StudySpec:
         keys = [(c, v) for c, v, _ in self.unit_seeds]
         if len(set(keys)) != len(keys):
             raise ValueError(f"unit_seeds names a corpus's variant twice: {keys}")
+        for corpus, n1 in self.stage_one:
+            if corpus not in self.corpora:
+                raise ValueError(f"stage_one names corpus {corpus!r}, not one of this "
+                                 f"study's corpora {self.corpora}")
+            planned = len(self.seeds_of(corpus, BASELINE))
+            if not (isinstance(n1, int) and 2 <= n1 <= planned):
+                raise ValueError(f"stage_one of {corpus!r} must be an int from 2 to the "
+                                 f"{planned} seeds {BASELINE!r} runs there, got {n1!r}")
+        if len({c for c, _ in self.stage_one}) != len(self.stage_one):
+            raise ValueError(f"stage_one names a corpus twice: {self.stage_one}")
         if min(self.tokens_per_param) <= 0:
             raise ValueError(f"tokens_per_param must be positive, got {self.tokens_per_param}")
         if not set(self.diag_corpora) <= set(self.corpora):
@@ -319,7 +335,7 @@ STUDIES = {s.name: s for s in (
         name="pure_llama", item="1, 2, 5",
         title=("Pure transformer (the Llama example) at learning rate 1e-3, two corpora, "
                "nine recipes on Python and four on prose, eight seeds (fifty-three for "
-               "the headline gap on Python, 151 on prose; its BF16-forward tail on "
+               "the headline gap on Python, 229 on prose; its BF16-forward tail on "
                "those forked from it)"),
         model=LlamaConfig(dim=256, layers=8, heads=4, hidden=768),
         corpora=("python", "prose"), tokens_per_param=(10.0,), variants=tuple(VARIANTS),
@@ -332,11 +348,14 @@ STUDIES = {s.name: s for s in (
         # interval needs ~50 paired seeds (docs/STUDY.md: 1.01 pp, ±0.29 pp at 50); 53
         # leave room for the sd to grow (a seed batch trains two or more seeds, so the
         # planned 54th, whose BF16 run would have trained alone, is not). On prose it
-        # varies more: 1.86 pp over 30 pairs, for which ±0.3 pp takes 151 pairs (~85 s of
-        # H200 time a pair in batches of six, ~3.6 h for all 151; `validation.py plan`
-        # lists those done). The count is fixed here from those 30 pairs, not by
-        # stopping once the interval is narrow enough, which would bias it; if 151 pairs
-        # leave it wider, it is reported as it is (docs/STUDY.md gives the sd so far).
+        # varies more: 1.86 pp over the first 30 pairs, for which ±0.3 pp takes 151 pairs;
+        # the 151 spread by 2.30 pp (±0.37 pp). Stein's two-stage rule, with those 151 as
+        # its first stage, fixes the pairs at 229: t(150) · 2.30 / √229 <= 0.3 pp, and the
+        # two-stage interval, which keeps the first stage's sd, reaches ±0.3 pp at 229
+        # whatever the later pairs give (`study_stats.stein_seeds`, `stein_interval`).
+        # The count follows from the first stage's spread alone, not from stopping once
+        # an interval is narrow enough, which would bias it (~85 s of H200 time a pair in
+        # batches; `validation.py plan` lists those done).
         # The paper recipe's BF16-forward-tail variant runs as a fork of a paper batch, for
         # the last 18% of the steps (`seed_batch`), on the seeds of the batches that forked
         # it: the paper runs of Python seeds 3-28 and prose seeds 3-11 were trained before
@@ -348,8 +367,9 @@ STUDIES = {s.name: s for s in (
         unit_seeds=(*(("python", v, tuple(range(53))) for v in ("bf16", "paper")),
                     ("python", "paper_tail", (0, 1, 2, *range(29, 53))),
                     ("python", "all_nvfp4", tuple(range(7))),
-                    *(("prose", v, tuple(range(151))) for v in ("bf16", "paper")),
+                    *(("prose", v, tuple(range(229))) for v in ("bf16", "paper")),
                     ("prose", "paper_tail", (0, 1, 2, *range(12, 30)))),
+        stage_one=(("prose", 151),),
         # The paper recipe's seed 0 ran in a seed batch before batches sampled
         # diagnostics: its seed 8 samples them (item 5). The prose runs replicate gaps
         # and sample none: in a batch the diagnostics cost ~1-2 min of H200 time (their

@@ -671,6 +671,101 @@ def test_seeds_for_half_width_is_the_fewest_that_reach_the_target():
         study_stats.seeds_for_half_width(0.01, 0.0)
 
 
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(st.lists(st.floats(-0.05, 0.05), min_size=2, max_size=40),
+                  st.sampled_from((0.001, 0.003, 0.01)))
+def test_stein_seeds_is_the_fewest_count_whose_first_stage_interval_reaches_the_target(
+        stage_one, target):
+    """The count is at least the first stage's, its two-stage half-width t(n₁-1) · s₁ / √N
+    is within the target, and one seed fewer (above the first stage) is not."""
+    n1 = len(stage_one)
+    s1 = float(np.std(stage_one, ddof=1))
+
+    def half(n):
+        return study_stats.t_critical(n1 - 1) * s1 / math.sqrt(n)
+
+    n = study_stats.stein_seeds(stage_one, target)
+    assert n >= n1 and half(n) <= target * (1 + 1e-9)
+    assert n == n1 or half(n - 1) > target
+
+
+def test_stein_interval_keeps_the_first_stage_sd_and_is_the_t_interval_without_a_second():
+    """The half-width is t(n₁-1) · s₁ / √n with the first stage's sd however the later
+    values spread, the mean is over all values, and with no second stage it equals
+    `mean_interval`; a first stage of one value or beyond the values is a ValueError."""
+    first, later = [0.030, 0.031, 0.032], [0.050, -0.020]
+    iv = study_stats.stein_interval(first + later, first_stage=3)
+    assert iv.n == 5 and iv.mean == pytest.approx(np.mean(first + later))
+    assert iv.sd == pytest.approx(0.001) and iv.half_width == pytest.approx(
+        study_stats.t_critical(2) * 0.001 / math.sqrt(5))
+    alone, plain = study_stats.stein_interval(first, 3), study_stats.mean_interval(first)
+    assert (alone.mean, alone.half_width, alone.n) == pytest.approx(
+        (plain.mean, plain.half_width, plain.n))
+    for bad in (1, 6, 3.0):
+        with pytest.raises(ValueError, match="first_stage"):
+            study_stats.stein_interval(first + later, bad)
+    with pytest.raises(ValueError, match="two or more first-stage values"):
+        study_stats.stein_seeds([0.01], 0.003)
+
+
+def test_stein_two_stage_interval_covers_the_mean_95_percent_of_the_time():
+    """Over 4000 simulated studies of normal gaps (first stage of 8, target ±0.5 sd), the
+    two-stage interval on the count its first stage fixes covers the true mean 95% of the
+    time (binomial sd 0.34 pp) and never exceeds the target width."""
+    rng = np.random.default_rng(12)
+    hits, mean, sd, target = 0, 0.02, 0.01, 0.005
+    for _ in range(4000):
+        first = rng.normal(mean, sd, 8)
+        n = study_stats.stein_seeds(first, target)
+        values = np.concatenate([first, rng.normal(mean, sd, n - 8)])
+        iv = study_stats.stein_interval(values, 8)
+        assert iv.half_width <= target * (1 + 1e-9)
+        hits += abs(iv.mean - mean) <= iv.half_width
+    assert abs(hits / 4000 - 0.95) < 0.012, hits
+
+
+def test_a_study_with_a_first_stage_reports_its_two_stage_interval_and_the_count_it_fixes():
+    """Where a spec names a first stage on a corpus, the goals give the count its sd fixes,
+    say where the plan holds another, and the two-stage interval over every pair (the
+    first stage's sd), which the headline table adds once pairs beyond the first stage
+    are in; a first stage not all in gives neither. A first stage on a corpus the study
+    does not run, of one seed, beyond the planned seeds or named twice is a ValueError."""
+    base = study_specs.STUDIES["hybrid"]
+    seeds = (0, 1, 2, 3)
+    spec = dataclasses.replace(base, name="stein", seeds=seeds, variants=("bf16", "paper"),
+                               stage_one=(("python", 3),))
+    gaps = {0: 0.030, 1: 0.031, 2: 0.032, 3: 0.050}
+    bf16 = {**BF16_VALS, 3: 2.01}
+
+    def results(upto):
+        return {"stein": [r for sd in seeds[:upto] for r in (
+            _fake_result(spec, "bf16", sd, bf16[sd]),
+            _fake_result(spec, "paper", sd, bf16[sd] * (1 + gaps[sd])))]}
+
+    # First stage 3.0/3.1/3.2%: sd 0.1 pp, (t(2) · 0.1 / 0.3)² = 2.06, so three pairs.
+    text = study_report.goals_section([spec], results(4))
+    line = next(ln for ln in text.splitlines() if "two-stage" in ln)
+    iv = study_stats.stein_interval([gaps[s] for s in seeds], 3)
+    assert line == (
+        "  - stein, python, 10 tokens/param, two-stage (Stein): the first 3 seeds' sd "
+        "0.10 pp fixes 3 seeds (t(2) · sd / √3 <= 0.3 pp); **the plan holds 4 pairs, not "
+        f"3**; over 4: +{iv.mean * 100:.2f}% [+{(iv.mean - iv.half_width) * 100:.2f}%, "
+        f"+{(iv.mean + iv.half_width) * 100:.2f}%], ±{iv.half_width * 100:.2f} pp with the "
+        "first stage's sd: narrower")
+    row = next(ln for ln in study_report.headline_table([spec], results(4)).splitlines()
+               if "| paper |" in ln)
+    assert "**too wide**; two-stage (3 → 3 seeds): [" in row and row.endswith("| 4 |")
+    three = study_report.headline_table([spec], results(3))
+    assert "two-stage" not in three
+    assert "two-stage" not in study_report.goals_section([spec], results(2))
+    for bad, match in (((("prose", 3),), "not one of this study's corpora"),
+                       ((("python", 1),), "int from 2 to the 4 seeds"),
+                       ((("python", 5),), "int from 2 to the 4 seeds"),
+                       ((("python", 2), ("python", 3)), "names a corpus twice")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(spec, stage_one=bad)
+
+
 def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     """Each column is the paired gap at one evaluation step (mean ± sd over seeds), and the
     last column is the seed count the final step's sd needs; a variant with one paired seed
