@@ -1,0 +1,25 @@
+# Device calls for the prose pairs s151-228 that Stein's two-stage rule adds to pure_llama
+# (issue 12; study_specs.py): the thirty-first session's last call and the next sessions'.
+# Device tool, every call with carry ["studies/handoff"] (the previous call's compilation
+# cache, where unpacked; a new session's checkout has none):
+#   bash benchmarks/gpu_session_al.sh DONE BUDGET
+# DONE: the count of results `unpack` printed last ("N results in studies/results/
+# pure_llama"). BUDGET: status budget_left_s - 70, and 60 s less again where status says
+# not warm (a cold start held 48-58 s beyond the command's wall on 2026-12-04); <= 560.
+# The call stops at once, before any training, where the tree holds another count of
+# pure_llama results.
+# Between calls, at once (the device tool keeps a machine 30 s after a call): python
+# studies/validation.py unpack pure_llama --from FILES_AT/pure_llama, then the next call.
+#
+# Batches of the sizes whose programs earlier calls compiled: the paper recipe in sixes
+# (~270-299 s, 107 ms a batched step) and BF16 in fives (~151-167 s, 66.7 ms); 78 seeds
+# make thirteen paper sixes and, after the thirty-first session's s151-155, fourteen BF16
+# fives and a three. The paper recipe is asked for first, so a full call trains a paper
+# six and a BF16 five (~430-470 s, 11 units; two sixes do not fit 560 s) and a short one
+# still trains BF16 (a five needs ~196 s by the estimate). A batch takes the first seeds
+# of its range that no finished unit holds; one that does not fit prints a line and waits.
+bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
+  || exit
+bash benchmarks/gpu_studies_call.sh "${2:?the call budget in seconds}" \
+  "pure_llama:paper:prose:$(seq -s, 151 228):6" \
+  "pure_llama:bf16:prose:$(seq -s, 151 228):5"
