@@ -724,6 +724,24 @@ def test_stein_two_stage_interval_covers_the_mean_95_percent_of_the_time():
     assert abs(hits / 4000 - 0.95) < 0.012, hits
 
 
+def test_each_committed_first_stage_fixes_the_pairs_its_study_plans():
+    """Every study naming a first stage plans, on that corpus, the pairs Stein's rule
+    fixes from the committed results of its first stage (all of them in), so an edit of
+    the plan or of those results that breaks the rule fails here."""
+    checked = 0
+    for spec in study_specs.STUDIES.values():
+        groups = study_results.by_group(study_results.load_results(
+            spec, Path(REPO) / "studies" / "results" / spec.name))
+        for corpus, n1 in spec.stage_one:
+            gaps = study_results.paired_gaps(groups[(corpus, spec.tokens_per_param[0])])
+            first = [gaps["paper"][s] for s in sorted(gaps["paper"])[:n1]]
+            assert len(first) == n1 and sorted(gaps["paper"])[:n1] == list(range(n1))
+            planned = set(spec.seeds_of(corpus, "bf16")) & set(spec.seeds_of(corpus, "paper"))
+            assert study_stats.stein_seeds(first, study_stats.WIDE_PP / 100) == len(planned)
+            checked += 1
+    assert checked == 1  # pure_llama's prose pairs
+
+
 def test_a_study_with_a_first_stage_reports_its_two_stage_interval_and_the_count_it_fixes():
     """Where a spec names a first stage on a corpus, the goals give the count its sd fixes,
     say where the plan holds another, and the two-stage interval over every pair (the
