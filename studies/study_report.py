@@ -815,7 +815,8 @@ def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]
             else:
                 cell = _interval_text(iv) + (" **too wide**" if iv.wide else "")
             stein = two_stage(spec, corpus, gaps[v]) if v == FULL_RECIPE else None
-            if stein is not None and stein[0].n > stein[2]:  # with no second stage, iv
+            # Without pairs beyond the first stage the two-stage interval is iv itself.
+            if stein is not None and stein[0].n > stein[2]:
                 siv, need, n1 = stein
                 cell += (f"; two-stage ({n1} → {need} seeds): {_interval_text(siv)}"
                          + (" **too wide**" if siv.wide else ""))
@@ -843,9 +844,9 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         "`val / val_bf16 - 1`, averaged over seeds, with a 95% Student-t interval; an "
         f"interval wider than ±{WIDE_PP} percentage points is marked **too wide**. Where "
         "a study's pairs on a corpus were fixed by Stein's two-stage rule (the first "
-        f"stage's sd sets how many pairs give ±{WIDE_PP} pp), the full recipe's gap also gets the "
-        "two-stage interval, `t(n₁ - 1) · s₁ / √n` with the first stage's n₁ pairs and sd "
-        "s₁, once pairs beyond the first stage are in. "
+        f"stage's sd sets how many pairs give ±{WIDE_PP} pp), the full recipe's gap also "
+        "gets the two-stage interval, `t(n₁ - 1) · s₁ / √n` with the first stage's n₁ "
+        "pairs and sd s₁, once pairs beyond the first stage are in. "
         "Validation losses are in bits per byte (byte-level models). A quantized run's "
         "final weights are also evaluated with BF16 forward GEMMs: the quantized forward's "
         "cost, `val / val_bf16_forward - 1` on the same weights (its range over the seeds "
