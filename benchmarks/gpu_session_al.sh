@@ -10,6 +10,7 @@
 # pure_llama results.
 # Between calls, at once (the device tool keeps a machine 30 s after a call): python
 # studies/validation.py unpack pure_llama --from FILES_AT/pure_llama, then the next call.
+# A new checkout has no .venv, which `unpack` needs: `make setup` before the first call.
 #
 # Batches of the sizes whose programs earlier calls compiled: the paper recipe in sixes
 # (~270-299 s, 107 ms a batched step) and BF16 in fives (~151-167 s, 66.7 ms); 78 seeds
