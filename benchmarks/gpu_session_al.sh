@@ -1,5 +1,5 @@
 # Device calls for the prose pairs s151-228 that Stein's two-stage rule adds to pure_llama
-# (issue 12; study_specs.py): the thirty-first session's last call and the next sessions'.
+# (issue 12; study_specs.py): from the thirty-first session's last call on.
 # Device tool, every call with carry ["studies/handoff"] (the previous call's compilation
 # cache, where unpacked; a new session's checkout has none):
 #   bash benchmarks/gpu_session_al.sh DONE BUDGET
@@ -13,12 +13,14 @@
 # A new checkout has no .venv, which `unpack` needs: `make setup` before the first call.
 #
 # Batches of the sizes whose programs earlier calls compiled: the paper recipe in sixes
-# (~270-299 s, 107 ms a batched step) and BF16 in fives (~151-167 s, 66.7 ms); 78 seeds
-# make thirteen paper sixes and, after the thirty-first session's s151-155, fourteen BF16
-# fives and a three. The paper recipe is asked for first, so a full call trains a paper
-# six and a BF16 five (~430-470 s, 11 units; two sixes do not fit 560 s) and a short one
-# still trains BF16 (a five needs ~196 s by the estimate). A batch takes the first seeds
-# of its range that no finished unit holds; one that does not fit prints a line and waits.
+# (243-287 s, 108 ms a batched step) and BF16 in fives (151-167 s, 66.9 ms); 78 seeds
+# make thirteen paper sixes and fourteen BF16 fives and a three. The paper recipe is asked
+# for first: on a warm machine a full call trains two paper sixes (524-527 s, 12 units;
+# the second runs on the first's programs), on a cold one a paper six and a BF16 five
+# (479 s, 11 units), and once the paper seeds are done, three BF16 fives. A short call
+# still trains BF16 (a five needs ~152 s, the three ~118 s by the estimate). A batch takes
+# the first seeds of its range that no finished unit holds; one that does not fit prints a
+# line and waits.
 bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
   || exit
 bash benchmarks/gpu_studies_call.sh "${2:?the call budget in seconds}" \
