@@ -4,8 +4,10 @@
 # cache, where unpacked; a new session's checkout has none):
 #   bash benchmarks/gpu_session_al.sh DONE BUDGET
 # DONE: the count of results `unpack` printed last ("N results in studies/results/
-# pure_llama"). BUDGET: status budget_left_s - 70, and 60 s less again where status says
-# not warm (a cold start held 48-58 s beyond the command's wall on 2026-12-04); <= 560.
+# pure_llama"). BUDGET: status budget_left_s - 70, and 100 s less again where status says
+# not warm (a cold start held 48-95 s beyond the command's wall on 2026-12-04, and the
+# call's limit shrinks by it); <= 560. A start the tool refuses ("No device machine could
+# be started right now") still cost 90 s of budget.
 # The call stops at once, before any training, where the tree holds another count of
 # pure_llama results.
 # Between calls, at once (the device tool keeps a machine 30 s after a call): python
@@ -13,14 +15,16 @@
 # A new checkout has no .venv, which `unpack` needs: `make setup` before the first call.
 #
 # Batches of the sizes whose programs earlier calls compiled: the paper recipe in sixes
-# (243-287 s, 108 ms a batched step) and BF16 in fives (151-167 s, 66.9 ms); 78 seeds
+# (243-318 s, 107-108 ms a batched step) and BF16 in fives (151-167 s, 66.9 ms); 78 seeds
 # make thirteen paper sixes and fourteen BF16 fives and a three. The paper recipe is asked
 # for first: on a warm machine a full call trains two paper sixes (524-527 s, 12 units;
-# the second runs on the first's programs), on a cold one a paper six and a BF16 five
-# (479 s, 11 units), and once the paper seeds are done, three BF16 fives. A short call
-# still trains BF16 (a five needs ~152 s, the three ~118 s by the estimate). A batch takes
-# the first seeds of its range that no finished unit holds; one that does not fit prints a
-# line and waits.
+# the second runs on the first's programs) where the first takes at most ~263 s, else a
+# paper six and a BF16 five (455 s, 11 units; after a 268 s six, 250 s were left for a
+# second's ~250 s); on a cold one a paper six and a BF16 five (479-530 s, 11 units), and
+# once the paper seeds are done, three BF16 fives. A short call still trains BF16 (a five
+# needs ~152 s on a machine that ran BF16 before, ~167 s otherwise; the three ~118 s by the
+# estimate). A batch takes the first seeds of its range that no finished unit holds; one
+# that does not fit prints a line and waits.
 bash benchmarks/expect_results.sh pure_llama "${1:?the count of results unpack printed last}" \
   || exit
 bash benchmarks/gpu_studies_call.sh "${2:?the call budget in seconds}" \
