@@ -16,7 +16,7 @@
 # A new checkout has no .venv, which `unpack` needs: `make setup` before the first call.
 #
 # Batches of the sizes whose programs earlier calls compiled: the paper recipe in sixes
-# (243-318 s, 107-108 ms a batched step) and BF16 in fives (151-167 s, 66.9 ms); 78 seeds
+# (243-318 s, 107-108 ms a batched step) and BF16 in fives (151-167 s, 66.4-67.3 ms); 78 seeds
 # make thirteen paper sixes and fourteen BF16 fives and a three. The paper recipe is asked
 # for first: on a warm machine a full call trains two paper sixes (524-527 s, 12 units;
 # the second runs on the first's programs) where the first takes at most ~263 s, else a
