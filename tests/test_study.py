@@ -932,6 +932,38 @@ def test_clustered_interval_is_the_independent_one_for_singletons_and_widens_for
         study_stats.clustered_interval(x, [0, 1])
 
 
+def test_cluster_permutation_p_is_uniform_without_clusters_and_small_with_shared_offsets():
+    """Exchangeable values (no cluster shares anything) reject at 5% about 5% of the time,
+    whatever their distribution (a heavy-tailed one here); offsets shared within clusters
+    give a small p-value and a ratio above 1. Renaming clusters changes nothing, the same
+    seed gives the same p, and bad input is refused by name."""
+    rng = np.random.default_rng(3)
+    labels = np.repeat(np.arange(8), 4).tolist()
+    ps = np.array([study_stats.cluster_permutation_p(rng.standard_t(3, 32), labels,
+                                                     draws=499, seed=i)
+                   for i in range(300)])
+    # 300 tests at 5%: 15 expected; binomial 99.9% bounds are about 4 to 29.
+    assert 4 <= np.sum(ps <= 0.05) <= 29
+    assert 0.4 < np.median(ps) < 0.6
+    x = rng.normal(0.0, 0.001, 32) + rng.normal(0.0, 0.01, 8)[np.array(labels)]
+    assert study_stats.cluster_se_ratio(x, labels) > 1.5
+    p = study_stats.cluster_permutation_p(x, labels, draws=999)
+    assert p == pytest.approx(1 / 1000)  # no random deal reaches the observed ratio
+    renamed = [f"b{9 - c}" for c in labels]
+    assert study_stats.cluster_permutation_p(x, renamed, draws=999) == p
+    assert (study_stats.cluster_permutation_p(x[::-1].copy(), labels[::-1], draws=999, seed=5)
+            == study_stats.cluster_permutation_p(x[::-1].copy(), labels[::-1], draws=999,
+                                                 seed=5))
+    with pytest.raises(ValueError, match="one cluster per value"):
+        study_stats.cluster_permutation_p(x, labels[:-1])
+    with pytest.raises(ValueError, match="two or more clusters"):
+        study_stats.cluster_permutation_p(x, [0] * x.size)
+    with pytest.raises(ValueError, match="draws"):
+        study_stats.cluster_permutation_p(x, labels, draws=0)
+    with pytest.raises(ValueError, match="all equal"):
+        study_stats.cluster_se_ratio([1.0] * 4, [0, 0, 1, 1])
+
+
 def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
     """Seeds are clustered by the batches of the variant's run and of BF16's (a chain of
     shared batches links them); a variant whose batches differ by more than their seeds
@@ -953,7 +985,9 @@ def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
     table = study_report.batch_independence({"bf16": bf16, "paper": paper})
     head, _, row, *rest = table.splitlines()
     assert "clusters as draws" in head and row.startswith("| paper | 12 | ") and not rest
-    assert float(row.split("|")[-2]) > 1.5
+    assert "permutation p" in head
+    ratio, p = (float(c) for c in row.split("|")[-3:-1])
+    assert ratio > 1.5 and p < 0.05
     # The same gaps from runs that all trained apart: nothing shared, no row.
     apart = {v: {s: run(v, s, r["final_val_bpb"], (s,)) for s, r in runs.items()}
              for v, runs in (("bf16", bf16), ("paper", paper))}
