@@ -270,3 +270,86 @@ def test_a_session_call_stops_before_training_over_a_tree_without_the_last_resul
     stale = check(3)
     assert stale.returncode == 3
     assert "holds 2 pure_llama results, not 3" in stale.stdout
+
+
+REPLAY = os.path.join(REPO, "benchmarks", "gpu_replay_call.sh")
+
+
+def _replay(tmp_path, *args):
+    """Runs `gpu_replay_call.sh` over a stand-in tree holding a few committed units, with a
+    ``python3`` that records each command line, the files its ``--results`` folder holds
+    and its XLA flags, and for ``run`` writes the units it was asked for; returns (exit
+    code, output, records, the committed folder)."""
+    tree = _tree(tmp_path)
+    committed = tree / "studies" / "results" / "pure_llama"
+    committed.mkdir(parents=True, exist_ok=True)
+    for unit in ("prose-tpp10-paper-s1", "prose-tpp10-paper-s2", "prose-tpp10-paper_tail-s1",
+                 "prose-tpp10-bf16-s1", "python-tpp10-paper-s1"):
+        (committed / f"{unit}.json").write_text('{"committed": true}')
+    log = tmp_path / "calls.txt"
+    _stand_in(tmp_path, "python3", f'''
+results=; variant=; seeds=; prev=
+for a in "$@"; do
+  case $prev in --results) results=$a ;; --variants) variant=$a ;; --seeds) seeds=$a ;; esac
+  prev=$a
+done
+{{ printf "%q " "$@"; echo; echo "files: $(ls "$results" | tr '\\n' ' ')"; \
+  echo "flags: $XLA_FLAGS"; }} >> {shlex.quote(str(log))}
+if [ "$2" = run ]; then
+  for s in ${{seeds//,/ }}; do
+    echo '{{"replayed": true}}' > "$results/prose-tpp10-$variant-s$s.json"
+  done
+fi''')
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    proc = subprocess.run(["bash", REPLAY, *args],
+                          env=_script_env(tmp_path, TMPDIR=str(tmp_path / "tmp")),
+                          capture_output=True, text=True, cwd=tree, timeout=60)
+    lines = log.read_text().splitlines() if log.exists() else []
+    records = [dict(argv=shlex.split(lines[i]), files=lines[i + 1].split()[1:],
+                    flags=lines[i + 2][len("flags: "):]) for i in range(0, len(lines), 3)]
+    return proc.returncode, proc.stdout + proc.stderr, records, committed
+
+
+def test_a_replay_trains_exactly_the_named_units_again_beside_the_committed_ones(tmp_path):
+    """Each VARIANT:SEEDS replay runs in a scratch copy of the committed results that lacks
+    exactly its units (so the runner trains those and nothing else) with the study calls'
+    XLA flags and compilation cache; the committed folder is never written; `repeats`
+    then compares only the replayed units against the committed ones."""
+    rc, out, records, committed = _replay(tmp_path, "400", "pure_llama", "prose", "3",
+                                          "paper:1,2", "bf16:1")
+    assert rc == 0, out
+    runs = [r for r in records if r["argv"][1] == "run"]
+    assert [(_opt(r["argv"], "--variants"), _opt(r["argv"], "--seeds")) for r in runs] == [
+        ("paper", "1,2"), ("bf16", "1")]
+    first, second = (set(r["files"]) for r in runs)
+    assert "prose-tpp10-paper-s1.json" not in first and "prose-tpp10-paper-s2.json" not in first
+    assert {"prose-tpp10-paper_tail-s1.json", "prose-tpp10-bf16-s1.json",
+            "python-tpp10-paper-s1.json"} <= first
+    assert "prose-tpp10-bf16-s1.json" not in second and "prose-tpp10-paper-s1.json" in second
+    for r in runs:
+        argv = r["argv"]
+        assert _opt(argv, "--seed-batch") == "3" and _opt(argv, "--corpora") == "prose"
+        assert _opt(argv, "--results") == str(tmp_path / "tmp" / "replay")
+        assert _opt(argv, "--compile-cache") == "studies/results/pure_llama/work/jax_cache"
+        assert "--xla_gpu_load_autotune_results_from=" in r["flags"]
+        assert r["flags"].endswith("studies/results/pure_llama/work/autotune/picks.textproto")
+    (rep,) = [r for r in records if r["argv"][1] == "repeats"]
+    assert _opt(rep["argv"], "--against") == "studies/results/pure_llama"
+    assert sorted(rep["files"]) == ["prose-tpp10-bf16-s1.json", "prose-tpp10-paper-s1.json",
+                                    "prose-tpp10-paper-s2.json"]
+    assert all(f.read_text() == '{"committed": true}' for f in committed.glob("*.json"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("600", "pure_llama", "prose", "3", "paper:1"), "at most 560"),
+    (("400", "pure_llama", "prose", "3"), "one or more VARIANT:SEEDS"),
+    (("400", "pure_llama", "prose", "3", "paper"), "VARIANT:SEEDS"),
+    (("400", "pure_llama", "prose", "3", "paper:1;2"), "VARIANT:SEEDS"),
+    (("400", "pure_llama", "prose", "3", "paper:7"), "no committed pure_llama unit prose paper s7"),
+])
+def test_a_replay_of_bad_arguments_or_uncommitted_units_is_refused(tmp_path, args, message):
+    """A budget over 560 s, no replay, a malformed VARIANT:SEEDS or a seed without a
+    committed unit exits 2, naming the fault, before any run."""
+    rc, out, records, _ = _replay(tmp_path, *args)
+    assert rc == 2 and message in out
+    assert not [r for r in records if r["argv"][1] == "run"]
