@@ -218,7 +218,9 @@ def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
     Seeds in a batch start from their own initialization, data order and SR keys; a
     ratio well above 1 with a small p-value says the batches' gaps differ by more than
     their seeds do, from chance or from something a batch shares, and the independent
-    interval is then too narrow.
+    interval is then too narrow. The last two columns ask the same of each recipe's own
+    final losses over its own batches (`_losses_by_own_batches`), on the same seeds: a
+    batch that shifted the runs it trained clusters them there too.
     """
     gaps = paired_gaps(variants)
     rows = []
@@ -234,13 +236,31 @@ def batch_independence(variants: dict[str, dict[int, dict]]) -> str:
             continue
         ratio = cluster_se_ratio(values, cl)
         p = cluster_permutation_p(values, cl)
+        own = [_losses_by_own_batches({s: variants[run][s] for s in seeds})
+               for run in (BASELINE, v)]
         rows.append(f"| {v} | {iv.n} | {_pct(iv.mean)} | ±{iv.half_width * 100:.2f} pp | {g} "
-                    f"| ±{cr.half_width * 100:.2f} pp | {ratio:.2f} | {p:.3f} |")
+                    f"| ±{cr.half_width * 100:.2f} pp | {ratio:.2f} | {p:.3f} | {own[0]} "
+                    f"| {own[1]} |")
     return _markdown_table(
         ["variant", "seeds", "gap to BF16", "95% half-width, seeds independent",
          "batch clusters", "95% half-width, clusters as draws", "ratio of standard errors",
-         "permutation p"],
+         "permutation p", "BF16's losses by BF16's batches", "the variant's losses by its "
+         "batches"],
         rows)
+
+
+def _losses_by_own_batches(runs: dict[int, dict]) -> str:
+    """``"ratio (p …)"``: `cluster_se_ratio` and `cluster_permutation_p` of one recipe's
+    final validation losses over its own seed batches (a batch that shifted the runs it
+    trained would cluster them); "—" with fewer than `MIN_BATCH_CLUSTERS` batches, every
+    run a batch of its own, or losses all equal."""
+    clusters = batch_clusters(runs)
+    seeds = sorted(clusters)
+    values, cl = [runs[s]["final_val_bpb"] for s in seeds], [clusters[s] for s in seeds]
+    if not MIN_BATCH_CLUSTERS <= len(set(cl)) < len(cl) or len(set(values)) < 2:
+        return "—"
+    return (f"{cluster_se_ratio(values, cl):.2f} "
+            f"(p {cluster_permutation_p(values, cl):.3f})")
 
 
 MIN_SEEDS_FOR_CORRELATION = 5
@@ -498,7 +518,12 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "few clusters that ratio is itself uncertain, so the last column "
                       "gives how often gaps dealt to the same clusters at random reach it "
                       "(20000 deals; a permutation test that assumes nothing of the gaps' "
-                      "distribution):", "", independence, ""]
+                      "distribution). The last two columns ask the same of each recipe's "
+                      "own final losses over its own batches, on the same seeds: a batch "
+                      "that shifted the runs it trained would cluster them as well (a "
+                      "seed's BF16 and quantized losses share a part that cancels in the "
+                      "gap, so the losses spread about as much as the gaps do):", "",
+                      independence, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")

@@ -967,8 +967,10 @@ def test_cluster_permutation_p_is_uniform_without_clusters_and_small_with_shared
 def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
     """Seeds are clustered by the batches of the variant's run and of BF16's (a chain of
     shared batches links them); a variant whose batches differ by more than their seeds
-    gets a ratio of standard errors above 1; one whose runs all trained apart, or whose
-    seeds span fewer than `MIN_BATCH_CLUSTERS` clusters, has no row."""
+    gets a ratio of standard errors above 1 and a small permutation p, and the recipe
+    whose batches shifted its runs shows it in its own losses' column; one whose runs all
+    trained apart, or whose seeds span fewer than `MIN_BATCH_CLUSTERS` clusters, has no
+    row."""
     spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake")
     batches = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
     offset = {0: 0.00, 1: 0.03, 2: 0.01, 3: 0.04}  # each batch's shared gap
@@ -985,9 +987,21 @@ def test_batch_independence_reads_the_batches_of_both_runs_of_each_pair():
     table = study_report.batch_independence({"bf16": bf16, "paper": paper})
     head, _, row, *rest = table.splitlines()
     assert "clusters as draws" in head and row.startswith("| paper | 12 | ") and not rest
-    assert "permutation p" in head
-    ratio, p = (float(c) for c in row.split("|")[-3:-1])
-    assert ratio > 1.5 and p < 0.05
+    cell = dict(zip((c.strip() for c in head.split("|")), (c.strip() for c in row.split("|"))))
+    assert float(cell["ratio of standard errors"]) > 1.5 and float(cell["permutation p"]) < 0.05
+    # The shift is the paper batches' own: their losses cluster; BF16's (all equal) cannot.
+    own_ratio, own_p = re.fullmatch(r"([\d.]+) \(p ([\d.]+)\)",
+                                    cell["the variant's losses by its batches"]).groups()
+    assert float(own_ratio) > 1.5 and float(own_p) < 0.05
+    assert cell["BF16's losses by BF16's batches"] == "—"
+    # Shifted BF16 batches instead: BF16's column clusters, the variant's has nothing to show.
+    shifted = {s: run("bf16", s, 2.0 / (1.02 + offset[i] + noise[j]), b)
+               for i, b in enumerate(batches) for j, s in enumerate(b)}
+    flat = {s: run("paper", s, 2.0, b) for b in batches for s in b}
+    head, _, row = study_report.batch_independence({"bf16": shifted, "paper": flat}).splitlines()
+    cell = dict(zip((c.strip() for c in head.split("|")), (c.strip() for c in row.split("|"))))
+    assert float(cell["BF16's losses by BF16's batches"].split()[0]) > 1.5
+    assert cell["the variant's losses by its batches"] == "—"
     # The same gaps from runs that all trained apart: nothing shared, no row.
     apart = {v: {s: run(v, s, r["final_val_bpb"], (s,)) for s, r in runs.items()}
              for v, runs in (("bf16", bf16), ("paper", paper))}
