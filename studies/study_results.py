@@ -135,18 +135,23 @@ def _equal_through(rows: list, other: list, column: int) -> int | None:
 
 def repeats(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[str]:
     """Whether runs repeat the earlier runs of the same units bit for bit: a line per
-    unit in both (how far its validation and training curves stay equal), then a count.
+    unit in both (how far its validation and training curves stay equal; for a run that
+    differs, both final validation losses and how far apart they ended), then a count.
 
     A replay on the GPU repeats a run only where every kernel sums in the same order as
     it did: same code, same device kind and the same autotuning picks.
 
     Example:
         >>> run = lambda *vals: {"unit": "u", "val_curve": [[i, 0, v] for i, v in
-        ...     enumerate(vals, 1)], "train_curve": [[i, v] for i, v in enumerate(vals, 1)]}
-        >>> for line in repeats([run(2.0, 1.5)], [run(2.0, 1.4)]):
-        ...     print(line)
-        u: validation equal through step 1 of 2, training loss through step 1 of 2; differs
-        0 of 1 runs repeat bit for bit
+        ...     enumerate(vals, 1)], "train_curve": [[i, v] for i, v in enumerate(vals, 1)],
+        ...     "final_val_bpb": vals[-1]}
+        >>> first, count = repeats([run(2.0, 1.5)], [run(2.0, 1.4)])
+        >>> for part in first.split("; "):
+        ...     print(part)
+        u: validation equal through step 1 of 2, training loss through step 1 of 2
+        differs: final val bpb 1.5000 against 1.4000 (+7.143%)
+        >>> count
+        '0 of 1 runs repeat bit for bit'
     """
     lines, same = [], 0
     by_unit = {r["unit"]: r for r in earlier}
@@ -158,9 +163,13 @@ def repeats(runs: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> list[s
         train = _equal_through(r["train_curve"], e["train_curve"], 1)
         whole = r["val_curve"] == e["val_curve"] and r["train_curve"] == e["train_curve"]
         same += whole
+        verdict = "repeats" if whole else "differs"
+        a, b = r.get("final_val_bpb"), e.get("final_val_bpb")
+        if not whole and a is not None and b:
+            verdict += f": final val bpb {a:.4f} against {b:.4f} ({(a / b - 1) * 100:+.3f}%)"
         lines.append(f"{r['unit']}: validation equal through step {val or 'none'} of "
                      f"{r['val_curve'][-1][0]}, training loss through step {train or 'none'} "
-                     f"of {r['train_curve'][-1][0]}; {'repeats' if whole else 'differs'}")
+                     f"of {r['train_curve'][-1][0]}; {verdict}")
     return lines + [f"{same} of {len(lines)} runs repeat bit for bit"]
 
 

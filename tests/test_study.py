@@ -1658,4 +1658,4 @@ def test_repeats_tells_a_replay_that_repeats_from_one_that_parts(tmp_path, capsy
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "1 of 2 runs repeat bit for bit"
     assert out[0].endswith("through step 75 of 75; repeats")
-    assert "training loss through step 50 of 75; differs" in out[1]
+    assert "training loss through step 50 of 75; differs: final val bpb " in out[1]
