@@ -116,17 +116,12 @@ def clustered_interval(values: Sequence[float], clusters: Sequence[object]) -> I
       (2.5, 12.7062)
     """
     x = _finite_values(values)
-    if len(clusters) != x.size:
-        raise ValueError(f"need one cluster per value: {x.size} values, "
-                         f"{len(clusters)} clusters")
-    ids = {c: i for i, c in enumerate(dict.fromkeys(clusters))}
-    g = len(ids)
+    ids = _cluster_ids(clusters, x.size)
+    g = int(ids.max()) + 1
     mean = float(np.mean(x))
     if g < 2:
         return Interval(mean, None, int(x.size), None)
-    sums = np.zeros(g)
-    np.add.at(sums, [ids[c] for c in clusters], x - mean)
-    se = math.sqrt(g / (g - 1) * float(np.sum(sums**2))) / x.size
+    se = float(_clustered_se(x[None, :], ids)[0])
     return Interval(mean, t_critical(g - 1) * se, int(x.size), None)
 
 
@@ -141,7 +136,7 @@ def cluster_se_ratio(values: Sequence[float], clusters: Sequence[object]) -> flo
       1.73
     """
     x = _finite_values(values)
-    ids = _cluster_ids(clusters, x.size)
+    ids = _two_or_more(_cluster_ids(clusters, x.size))
     return float(_se_ratios(x[None, :], ids)[0])
 
 
@@ -162,7 +157,7 @@ def cluster_permutation_p(values: Sequence[float], clusters: Sequence[object], *
       True
     """
     x = _finite_values(values)
-    ids = _cluster_ids(clusters, x.size)
+    ids = _two_or_more(_cluster_ids(clusters, x.size))
     if not (isinstance(draws, int) and draws >= 1):
         raise ValueError(f"draws must be an int >= 1, got {draws!r}")
     observed = _se_ratios(x[None, :], ids)[0]
@@ -176,27 +171,37 @@ def cluster_permutation_p(values: Sequence[float], clusters: Sequence[object], *
 
 
 def _cluster_ids(clusters: Sequence[object], n: int) -> np.ndarray:
-    """Cluster labels as 0-based ints; a ValueError unless one label per value and two or
-    more clusters."""
+    """Cluster labels as 0-based ints in order of first appearance; a ValueError unless
+    there is one label per value."""
     if len(clusters) != n:
         raise ValueError(f"need one cluster per value: {n} values, {len(clusters)} clusters")
     index = {c: i for i, c in enumerate(dict.fromkeys(clusters))}
-    if len(index) < 2:
-        raise ValueError(f"need two or more clusters, got {len(index)}")
     return np.array([index[c] for c in clusters])
+
+
+def _two_or_more(ids: np.ndarray) -> np.ndarray:
+    """``ids``, or a ValueError where they name fewer than two clusters."""
+    if ids.max() < 1:
+        raise ValueError(f"need two or more clusters, got {int(ids.max()) + 1}")
+    return ids
+
+
+def _clustered_se(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The cluster-robust (CR1) standard error of each row's mean over the clusters
+    ``ids`` (two or more), ``√(G/(G-1) · Σ_c (Σ_{i∈c} (xᵢ - x̄))²) / n``."""
+    n, g = rows.shape[1], int(ids.max()) + 1
+    sums = np.zeros((rows.shape[0], g))
+    np.add.at(sums, (slice(None), ids), rows - rows.mean(axis=1, keepdims=True))
+    return np.sqrt(g / (g - 1) * np.sum(sums**2, axis=1)) / n
 
 
 def _se_ratios(rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """`cluster_se_ratio` of each row of ``rows`` (one deal of the values per row)."""
-    n, g = rows.shape[1], int(ids.max()) + 1
-    dev = rows - rows.mean(axis=1, keepdims=True)
-    sums = np.zeros((rows.shape[0], g))
-    np.add.at(sums, (slice(None), ids), dev)
-    clustered = np.sqrt(g / (g - 1) * np.sum(sums**2, axis=1)) / n
-    independent = np.sqrt(np.sum(dev**2, axis=1) / (n - 1) / n)
+    n = rows.shape[1]
+    independent = np.std(rows, axis=1, ddof=1) / math.sqrt(n)
     if np.any(independent == 0.0):
         raise ValueError("the values are all equal: no spread to compare clusters by")
-    return clustered / independent
+    return _clustered_se(rows, ids) / independent
 
 
 def difference_interval(first: Sequence[float], second: Sequence[float]) -> Interval:
