@@ -20,16 +20,13 @@
 # Afterwards, here, never into studies/results:
 #   python studies/validation.py unpack STUDY --results /tmp/replay --from FILES_AT/replay
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/study_call_lib.sh"
 BUDGET=${1:?budget in seconds}
 STUDY=${2:?the study}
 CORPUS=${3:?the corpus}
 K=${4:?seeds per batch}
 shift 4
-if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -gt 560 ]; then
-  echo "BUDGET must be whole seconds, at most 560 (40 s of the 600 s call limit for the" \
-    "last process's handoff), got '$BUDGET'"
-  exit 2
-fi
+check_call_budget "$BUDGET"
 if [ "$#" -eq 0 ]; then echo "name one or more VARIANT:SEEDS to replay"; exit 2; fi
 T0=$SECONDS
 COMMITTED=studies/results/$STUDY
@@ -40,7 +37,6 @@ mkdir -p "$SCRATCH" "$REPLAYED" "$OUT/logs"
 cp "$COMMITTED"/*.json "$SCRATCH/"
 PICKS_DIR="$PWD/$COMMITTED/work/autotune"
 mkdir -p "$PICKS_DIR"
-LOAD="--xla_gpu_load_autotune_results_from=$PWD/studies/autotune_picks.textproto"
 N=0
 for ARG in "$@"; do
   N=$((N + 1))
@@ -63,7 +59,7 @@ for ARG in "$@"; do
   LEFT=$((BUDGET - (SECONDS - T0)))
   if [ "$LEFT" -lt 60 ]; then echo "== replay $ARG: ${LEFT}s left, skipped"; continue; fi
   for U in "${UNITS[@]}"; do rm "$SCRATCH/$U"; done
-  XLA_FLAGS="$LOAD --xla_gpu_dump_autotune_results_to=$PICKS_DIR/picks.textproto" \
+  XLA_FLAGS="$(study_xla_flags "$PICKS_DIR/picks.textproto")" \
   timeout $((LEFT + 60)) python3 studies/validation.py run "$STUDY" --results "$SCRATCH" \
     --budget-s "$LEFT" --seed-batch "$K" --variants "$VARIANT" --corpora "$CORPUS" \
     --seeds "$SEEDS" --handoff "$OUT/replay" --no-cache-handoff \

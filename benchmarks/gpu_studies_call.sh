@@ -24,7 +24,8 @@
 # --resume-from`; a copy cut short is ignored). CACHE_MIB keeps the carried parts and
 # the repository (~20 MB tracked) inside the tool's 64 MiB tree
 # (tests/test_study_call_scripts.py checks the margin). The XLA
-# flags below are part of the cache key (JAX hashes XLA_FLAGS), so every process of a
+# flags (`study_xla_flags`, study_call_lib.sh) are part of the cache key (JAX hashes
+# XLA_FLAGS), so every process of a
 # study gets the same ones, in every call and whatever its argument's place: each dumps
 # the autotuner's picks to studies/results/STUDY/work/autotune/picks.textproto, which the
 # script then gzips to N-STUDY.textproto.gz (N: the argument's place) beside it. (Named by
@@ -51,20 +52,12 @@
 # process's final handoff: benchmarks/results/2026-12-03-h200ac).
 # Afterwards, here: python studies/validation.py unpack STUDY --from FILES_AT/STUDY; report.
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/study_call_lib.sh"
 BUDGET=${1:?budget in seconds}; shift
-CALL_LIMIT=600  # the device tool's limit on one command, in seconds
-if ! [[ "$BUDGET" =~ ^[0-9]+$ ]] || [ "$BUDGET" -gt $((CALL_LIMIT - 40)) ]; then
-  echo "BUDGET must be whole seconds, at most $((CALL_LIMIT - 40)) (40 s of the" \
-    "${CALL_LIMIT} s call limit for the last process's handoff), got '$BUDGET'"
-  exit 2
-fi
+check_call_budget "$BUDGET"
 T0=$SECONDS
 CACHE_MIB=38  # carried beside the repository in the device tool's 64 MiB working tree
 CARRIED=studies/handoff
-LOAD=
-if [ -f studies/autotune_picks.textproto ]; then
-  LOAD="--xla_gpu_load_autotune_results_from=$PWD/studies/autotune_picks.textproto"
-fi
 N=0
 RUN=()  # the studies that ran, in order, once each
 for ARG in "$@"; do
@@ -87,7 +80,7 @@ for ARG in "$@"; do
   PICKS="$PICKS_DIR/picks.textproto"
   LOG="$OUT/logs/$N-$STUDY.log"
   mkdir -p "$PICKS_DIR" "$OUT/logs"
-  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }${LOAD:+$LOAD }--xla_gpu_dump_autotune_results_to=$PICKS" \
+  XLA_FLAGS="$(study_xla_flags "$PICKS")" \
   timeout $((LEFT + 60)) python3 studies/validation.py run "$STUDY" --budget-s "$LEFT" \
     --seed-batch "$K" --variants "$VARIANTS" --corpora "$CORPORA" --seeds "$SEEDS" \
     --tokens-per-param "$TPP" --handoff "$OUT/$STUDY" --no-cache-handoff --progress \
