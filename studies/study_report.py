@@ -263,6 +263,98 @@ def _losses_by_own_batches(runs: dict[int, dict]) -> str:
             f"(p {cluster_permutation_p(values, cl):.3f})")
 
 
+def _batch_place(r: dict[str, Any]) -> str:
+    """``"place i of n"`` of a run in its seed batch (places from 0); "alone" outside one."""
+    batch = r.get("seed_batch")
+    if not batch:
+        return "alone"
+    return f"place {batch['index']} of {len(batch['seeds'])}"
+
+
+def replay_comparison(variants: dict[str, dict[int, dict]],
+                      replayed: dict[str, dict[int, dict]]) -> str:
+    """How far paired runs move when trained again in another seed batch (a markdown table
+    and a line per variant under it; empty without a seed whose variant and BF16 runs
+    were both trained again).
+
+    Per replayed pair: where each run trained (its place in its seed batch) then and
+    again, both gaps to BF16, and how far each run's final validation loss moved. Per
+    variant: the correlation of the committed with the replayed gaps (from three pairs),
+    the mean and sd of the gap's change, the root mean square of the runs' changes, and
+    what the change says of the noise in one gap. A batch of another size compiles
+    other programs, whose GEMMs may sum in another order: were that order an
+    independent draw per training run, each gap would carry a part of sd
+    ``sd(change) / √2`` from it, a share ``sd(change)² / 2 / sd(gaps)²`` of the spread of
+    that variant's committed gaps over all its seeds. A seed's gap that stays where it
+    was in another batch is the seed's own, not its batch's.
+
+    Example:
+        >>> run = lambda val, seeds: {"final_val_bpb": val,
+        ...                           "seed_batch": {"seeds": seeds, "index": 0}}
+        >>> committed = {"bf16": {0: run(2.0, [0, 1])}, "paper": {0: run(2.1, [0, 1])}}
+        >>> again = {"bf16": {0: run(2.02, [0])}, "paper": {0: run(2.1, [0])}}
+        >>> for cell in replay_comparison(committed, again).splitlines()[2].split(" | "):
+        ...     print(cell)
+        | paper
+        0
+        place 0 of 2; place 0 of 2
+        place 0 of 1; place 0 of 1
+        +5.00%
+        +3.96%
+        +0.00%
+        +1.00% |
+    """
+    base_then, base_again = variants.get(BASELINE, {}), replayed.get(BASELINE, {})
+    rows, notes = [], []
+    for v, runs_again in replayed.items():
+        if v == BASELINE:
+            continue
+        seeds = [s for s in sorted(runs_again) if s in base_again and s in base_then
+                 and s in variants.get(v, {})
+                 and all(finite_val(r) for r in (runs_again[s], base_again[s],
+                                                 base_then[s], variants[v][s]))]
+        if not seeds:
+            continue
+        then, again, moved = [], [], []
+        for s in seeds:
+            x0, b0, x1, b1 = (variants[v][s], base_then[s], runs_again[s], base_again[s])
+            g0 = x0["final_val_bpb"] / b0["final_val_bpb"] - 1
+            g1 = x1["final_val_bpb"] / b1["final_val_bpb"] - 1
+            dx = x1["final_val_bpb"] / x0["final_val_bpb"] - 1
+            db = b1["final_val_bpb"] / b0["final_val_bpb"] - 1
+            then.append(g0)
+            again.append(g1)
+            moved += [dx, db]
+            rows.append(f"| {v} | {s} | {_batch_place(x0)}; {_batch_place(b0)} | "
+                        f"{_batch_place(x1)}; {_batch_place(b1)} | {_pct(g0)} | {_pct(g1)} "
+                        f"| {_pct(dx)} | {_pct(db)} |")
+        change = np.array(again) - np.array(then)
+        line = (f"{v}: {len(seeds)} pairs trained again; the gap moved by "
+                f"{change.mean() * 100:+.2f} pp on average")
+        if len(seeds) >= 2:
+            line += f" (sd {change.std(ddof=1) * 100:.2f} pp)"
+        line += (f", each run's final loss by {np.sqrt(np.mean(np.square(moved))) * 100:.2f}% "
+                 "(root mean square)")
+        if len(seeds) >= 3 and np.std(then) > 0 and np.std(again) > 0:
+            line += (f"; committed and replayed gaps correlate "
+                     f"{np.corrcoef(then, again)[0, 1]:.2f}")
+        all_gaps = list(paired_gaps(variants).get(v, {}).values())
+        spread = mean_interval(all_gaps).sd if len(all_gaps) >= 2 else None
+        if len(seeds) >= 2 and spread:
+            part = change.std(ddof=1) / np.sqrt(2)
+            line += (f"; a gap's part from its runs' summation order, sd "
+                     f"{part * 100:.2f} pp, would be {(part / spread) ** 2:.0%} of the "
+                     f"spread of the {len(all_gaps)} committed gaps (sd {spread * 100:.2f} pp)")
+        notes.append(line + ".")
+    if not rows:
+        return ""
+    table = _markdown_table(
+        ["variant", "seed", "trained in (variant; BF16)", "trained again in (variant; BF16)",
+         "gap to BF16", "gap trained again", "variant's final loss moved",
+         "BF16's final loss moved"], rows)
+    return "\n".join([table, "", *notes])
+
+
 MIN_SEEDS_FOR_CORRELATION = 5
 """Seeds below which `gap_spread_sources` gives no correlation: with fewer its 95%
 interval spans most of [-1, 1]."""
@@ -421,8 +513,9 @@ def _seed_range(seeds: tuple[int, ...]) -> str:
 
 
 def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
-                  doc_dir: Path) -> str:
-    """The markdown section of one study (figures written under ``figures``)."""
+                  doc_dir: Path, replayed: Sequence[dict[str, Any]] = ()) -> str:
+    """The markdown section of one study (figures written under ``figures``); ``replayed``
+    holds its units trained again in other seed batches (`replay_comparison`)."""
     n_units = len(spec.units())
     lines = [f"## {spec.name}: {spec.title}", "",
              f"Issue 12 items {spec.item}. Plan (from the study spec, not a result): "
@@ -446,7 +539,7 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
               + "".join(f"; {len(u)} of them ({', '.join(sorted(u))}) run by `{src}` with "
                         "exactly this study's settings and adopted (`validation.py adopt`)"
                         for src, u in sorted(adopted.items())) + ".", ""]
-    groups = by_group(results)
+    groups, replayed_groups = by_group(results), by_group(list(replayed))
     for (corpus, tpp), variants in groups.items():
         any_r = next(r for runs in variants.values() for r in runs.values())
         ci = any_r["corpus_info"]
@@ -510,7 +603,8 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "batch of the same size and at the same places, whose other seeds "
                       "were new, repeated their runs bit for bit "
                       "(benchmarks/results/2026-12-02-h200x), as a CPU test asserts "
-                      "(tests/test_study.py). Beside them, the interval that treats each "
+                      "(tests/test_study.py); in a batch of another size it need not "
+                      "(below). Beside them, the interval that treats each "
                       "cluster of seeds linked by a shared batch (the variant's or BF16's) "
                       "as one draw (cluster-robust, t with clusters − 1 degrees of "
                       "freedom; from four clusters on); a ratio of standard errors well "
@@ -524,6 +618,16 @@ def study_section(spec: Any, results: list[dict[str, Any]], figures: Path,
                       "seed's BF16 and quantized losses share a part that cancels in the "
                       "gap, so the losses spread about as much as the gaps do):", "",
                       independence, ""]
+        again = replay_comparison(variants, replayed_groups.get((corpus, tpp), {}))
+        if again:
+            lines += ["Pairs trained again in a seed batch of another size "
+                      f"(`studies/replays/{spec.name}/`, by `benchmarks/gpu_replay_call.sh`; "
+                      "same code, device and autotuning picks, the other seeds of the "
+                      "batch other ones): a batch of another size compiles other programs, "
+                      "whose GEMMs may sum in another order, so a run need not repeat. A "
+                      "gap that stays where it was is the seed's own, not its batch's; "
+                      "how far the runs move measures the part of the spread between seeds "
+                      "that the order of summation alone makes:", "", again, ""]
         stem = f"{spec.name}-{corpus}-tpp{tpp:g}"
         curves_figure(f"{spec.name}, {corpus}, {tpp:g} tokens/param", variants, spec.variants,
                       figures / f"{stem}-curves.png")
@@ -862,9 +966,10 @@ def headline_table(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]
 
 
 def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures: Path,
-                 *, command: str) -> str:
+                 *, command: str, replays: dict[str, Path] | None = None) -> str:
     """Writes ``doc`` (markdown) and the figures for ``specs`` from the results in
-    ``dirs[spec.name]``; returns the markdown."""
+    ``dirs[spec.name]`` (and the units trained again in ``replays[spec.name]``, where
+    given); returns the markdown."""
     doc_dir = doc.parent
     parts = [
         "# Validation study: NVFP4 against BF16 (issue 12)", "",
@@ -899,8 +1004,10 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
         parts += ["## Issue 12's goals, as the measurements stand", "",
                   "Each verdict needs the 95% interval on one side of its mark; read "
                   "from the same results as the tables below.", "", goals, ""]
+    replays = replays or {}
     for spec in specs:
-        parts.append(study_section(spec, results[spec.name], figures, doc_dir))
+        again = load_results(spec, replays[spec.name]) if spec.name in replays else []
+        parts.append(study_section(spec, results[spec.name], figures, doc_dir, again))
     parts.append(HOW_TO_RUN)
     text = "\n".join(parts)
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("studies", nargs="*", help="default: every study in the report")
     rep.add_argument("--results", default=None, help="with one study: its results folder")
     rep.add_argument("--results-root", default=str(REPO / "studies" / "results"))
+    rep.add_argument("--replays-root", default=str(REPO / "studies" / "replays"),
+                     help="units trained again in other seed batches, a folder per study")
     rep.add_argument("--doc", default=str(REPO / "docs" / "STUDY.md"))
     rep.add_argument("--figures", default=str(REPO / "docs" / "study"))
     a = p.parse_args(argv)
@@ -143,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.results and len(names) != 1:
             p.error("--results needs exactly one study")
         dirs = {n: Path(a.results) if a.results else Path(a.results_root) / n for n in names}
+        replays = {n: Path(a.replays_root) / n for n in names
+                   if (Path(a.replays_root) / n).is_dir()}
         text = study_report.write_report([STUDIES[n] for n in names], dirs, Path(a.doc),
-                                   Path(a.figures), command=command)
+                                         Path(a.figures), command=command, replays=replays)
         print(text)
         return 0
 

@@ -543,6 +543,65 @@ def test_report_tables_intervals_and_figures_from_result_files(tmp_path):
     assert "| " not in empty_section  # no table, no number from nowhere
 
 
+def test_replay_comparison_reads_how_far_each_pair_moved_in_another_batch(tmp_path):
+    """A pair trained again in another seed batch gets a row with both gaps and how far
+    each run moved; a seed with only one side trained again has none; the summary gives
+    the gap's change, the runs' root-mean-square change, the correlation (from three
+    pairs) and the summation-order share of the committed gaps' spread as the formulas
+    give them; the report shows the section only where a replay folder is given."""
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="fake",
+                               variants=("bf16", "paper"), seeds=tuple(range(6)))
+
+    def run(variant, seed, val, seeds):
+        r = _fake_result(spec, variant, seed, val)
+        r["seed_batch"] = {"seeds": list(seeds), "index": list(seeds).index(seed)}
+        return r
+
+    gaps = [0.01, 0.05, 0.02, 0.03, 0.00, 0.04]
+    committed = {"bf16": {s: run("bf16", s, 2.0, range(6)) for s in range(6)},
+                 "paper": {s: run("paper", s, 2.0 * (1 + g), range(6))
+                           for s, g in enumerate(gaps)}}
+    moved = {0: (0.004, -0.002), 1: (-0.003, 0.001), 2: (0.0, 0.0)}  # (paper, bf16)
+    again = {"bf16": {s: run("bf16", s, 2.0 * (1 + moved[s][1]), (0, 1, 2)) for s in moved},
+             "paper": {s: run("paper", s, 2.0 * (1 + gaps[s]) * (1 + moved[s][0]), (0, 1, 2))
+                       for s in moved}}
+    again["paper"][3] = run("paper", 3, 2.1, (3,))  # its BF16 run was not trained again
+    text = study_report.replay_comparison(committed, again)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| paper |")]
+    assert [ln.split("|")[2].strip() for ln in rows] == ["0", "1", "2"]
+    assert "| place 0 of 6; place 0 of 6 | place 0 of 3; place 0 of 3 | +1.00% |" in rows[0]
+    assert rows[2].endswith("| +2.00% | +2.00% | +0.00% | +0.00% |")
+    then = np.array(gaps[:3])
+    now = np.array([(1 + gaps[s]) * (1 + moved[s][0]) / (1 + moved[s][1]) - 1
+                    for s in range(3)])
+    change = now - then
+    runs = np.array([m for s in range(3) for m in moved[s]])
+    part = change.std(ddof=1) / np.sqrt(2)
+    spread = np.std(gaps, ddof=1)
+    summary = text.splitlines()[-1]
+    assert summary == (
+        f"paper: 3 pairs trained again; the gap moved by {change.mean() * 100:+.2f} pp on "
+        f"average (sd {change.std(ddof=1) * 100:.2f} pp), each run's final loss by "
+        f"{np.sqrt(np.mean(runs ** 2)) * 100:.2f}% (root mean square); committed and "
+        f"replayed gaps correlate {np.corrcoef(then, now)[0, 1]:.2f}; a gap's part from its "
+        f"runs' summation order, sd {part * 100:.2f} pp, would be {(part / spread) ** 2:.0%} "
+        f"of the spread of the 6 committed gaps (sd {spread * 100:.2f} pp).")
+    assert study_report.replay_comparison(committed, {"paper": again["paper"]}) == ""
+    # Wired into the report: the section appears with a replay folder and not without.
+    res, rep = tmp_path / "results", tmp_path / "replays" / "fake"
+    for folder, variants in ((res, committed), (rep, again)):
+        folder.mkdir(parents=True)
+        for runs_of in variants.values():
+            for r in runs_of.values():
+                (folder / f"{r['unit']}.json").write_text(json.dumps(r))
+    kwargs = {"doc": tmp_path / "STUDY.md", "figures": tmp_path / "fig", "command": "report"}
+    with_replays = study_report.write_report([spec], {"fake": res}, replays={"fake": rep},
+                                             **kwargs)
+    assert "Pairs trained again in a seed batch of another size" in with_replays
+    assert summary in with_replays
+    assert "trained again" not in study_report.write_report([spec], {"fake": res}, **kwargs)
+
+
 def test_gap_table_marks_a_tail_variants_step_time_that_holds_the_switchs_compilation():
     """A BF16-forward-tail variant's ms/step is marked where its runs did not time the
     tail's first step apart (results from before `train_llama.ModeSwitches`), and not
