@@ -41,6 +41,7 @@ from study_stats import (
     cluster_permutation_p,
     cluster_se_ratio,
     clustered_interval,
+    difference_interval,
     mean_interval,
     seeds_for_half_width,
     stein_interval,
@@ -806,6 +807,31 @@ def two_stage(spec: Any, corpus: str, gaps: dict[int, float]
     return stein_interval(values, n1), stein_seeds(values[:n1], WIDE_PP / 100), n1
 
 
+def stage_difference(spec: Any, corpus: str, gaps: dict[int, float]) -> Interval | None:
+    """The mean gap of the pairs beyond a two-stage first stage less the first stage's,
+    with a 95% Welch interval (`difference_interval`); None without a first stage on
+    ``corpus`` or with fewer than two pairs on either side.
+
+    Both stages draw their seeds the same way, so Stein's interval treats them as one
+    sample; a difference whose interval excludes zero says the later pairs' gaps ran
+    otherwise, and the pooled interval is then to be read beside the cluster-robust one.
+
+    Example:
+        >>> spec = type("Spec", (), {"stage_one": (("prose", 3),)})()
+        >>> iv = stage_difference(spec, "prose", {0: 0.01, 1: 0.02, 2: 0.03, 3: 0.04,
+        ...                                       4: 0.05})
+        >>> round(iv.mean, 4), iv.n
+        (0.025, 2)
+    """
+    n1 = dict(spec.stage_one).get(corpus)
+    if n1 is None:
+        return None
+    values = [gaps[s] for s in sorted(gaps)]
+    if n1 < 2 or len(values) - n1 < 2:
+        return None
+    return difference_interval(values[:n1], values[n1:])
+
+
 def _two_stage_line(spec: Any, corpus: str, where: str, stein: tuple[Interval, int, int]
                     ) -> str:
     """The goals bullet of a two-stage interval: the count its first stage fixes, the
@@ -889,6 +915,15 @@ def goals_section(specs: Sequence[Any], results: dict[str, list[dict[str, Any]]]
             stein = two_stage(spec, corpus, gaps[FULL_RECIPE])
             if stein is not None:
                 widths.append(_two_stage_line(spec, corpus, where, stein))
+            drift = stage_difference(spec, corpus, gaps[FULL_RECIPE])
+            if drift is not None:
+                n1 = dict(spec.stage_one)[corpus]
+                verdict = _verdict(drift, 0.0, 0.0, "the later pairs' gaps ran lower",
+                                   "", "the later pairs' gaps ran higher",
+                                   "no difference resolved")
+                widths.append(
+                    f"  - {where}, the pairs beyond the first stage against its {n1}: "
+                    f"{drift.mean * 100:+.2f} pp {_pp_interval(drift)} (Welch): {verdict}")
         against = paired_gaps(variants, FULL_RECIPE)
         for v in ABLATIONS:
             if v in spec.variants_of(corpus) and len(against.get(v, {})) >= 2:

@@ -843,6 +843,38 @@ def test_a_study_with_a_first_stage_reports_its_two_stage_interval_and_the_count
             dataclasses.replace(spec, stage_one=bad)
 
 
+def test_the_goals_compare_the_pairs_beyond_a_first_stage_with_it():
+    """With two or more pairs beyond a first stage, the goals give the later pairs' mean
+    gap less the first stage's with its Welch interval and say which way it resolves (or
+    that it does not); with fewer later pairs, or no first stage, there is no such line."""
+    seeds = tuple(range(8))
+    spec = dataclasses.replace(study_specs.STUDIES["hybrid"], name="stages", seeds=seeds,
+                               variants=("bf16", "paper"), stage_one=(("python", 4),))
+
+    def results(gaps):
+        return {"stages": [r for sd, g in gaps.items() for r in (
+            _fake_result(spec, "bf16", sd, 2.0), _fake_result(spec, "paper", sd, 2.0 * (1 + g)))]}
+
+    def line(gaps, which=spec):
+        found = [ln for ln in study_report.goals_section([which], results(gaps)).splitlines()
+                 if "beyond the first stage" in ln]
+        return found[0] if found else None
+
+    first = {0: 0.020, 1: 0.021, 2: 0.019, 3: 0.020}
+    higher = {**first, 4: 0.040, 5: 0.041, 6: 0.039, 7: 0.040}
+    d = study_stats.difference_interval(list(first.values()), [0.040, 0.041, 0.039, 0.040])
+    assert line(higher) == (
+        "  - stages, python, 10 tokens/param, the pairs beyond the first stage against its "
+        f"4: {d.mean * 100:+.2f} pp [{(d.mean - d.half_width) * 100:+.2f}, "
+        f"{(d.mean + d.half_width) * 100:+.2f}] pp (Welch): the later pairs' gaps ran higher")
+    lower = {**first, 4: 0.0, 5: 0.001, 6: -0.001, 7: 0.0}
+    assert line(lower).endswith(": the later pairs' gaps ran lower")
+    alike = {**first, 4: 0.030, 5: 0.010, 6: 0.025, 7: 0.015}
+    assert line(alike).endswith(": no difference resolved")
+    assert line({**first, 4: 0.04}) is None
+    assert line(higher, dataclasses.replace(spec, stage_one=())) is None
+
+
 def test_gap_along_training_pairs_seeds_at_each_evaluation_step():
     """Each column is the paired gap at one evaluation step (mean ± sd over seeds), and the
     last column is the seed count the final step's sd needs; a variant with one paired seed
