@@ -744,6 +744,21 @@ own batch bit for bit). A batch's results are handed off as soon as it finishes.
 3 × 14.8 ms unbatched, the paper recipe 56.6 ms against 3 × 23.5 ms (1.24× more seeds
 per device second); 121 s and 203 s per batch of three units, compilation included.
 
+To train committed units again (a replay: do they repeat?), one call with no carry:
+
+    bash benchmarks/gpu_replay_call.sh 400 pure_llama prose 3 paper:190,191,192 \\
+        bf16:190,191,192
+
+trains those units in seed batches of 3 into a copy of the results outside
+`studies/results` and prints `validation.py repeats` (how far each run stays equal to
+its committed one). Here, unpack the returned folder elsewhere and keep only the
+replayed units under `studies/replays/STUDY/`, which the report reads:
+
+    PYTHONPATH=. python studies/validation.py unpack pure_llama --results /tmp/replay \\
+        --from FILES_AT/replay
+    mkdir -p studies/replays/pure_llama && for u in prose-tpp10-{paper,bf16}-s{190,191,192}
+    do cp /tmp/replay/$u.json studies/replays/pure_llama/; done
+
 Another study's finished units that are exactly this study's (the same run config,
 model, steps and corpus) count here after `adopt STUDY --from-study OTHER`; the copy
 records `adopted_from`.
