@@ -1046,7 +1046,7 @@ def write_report(specs: Sequence[Any], dirs: dict[str, Path], doc: Path, figures
     headline = headline_table(specs, results)
     if headline:
         parts += ["## Headline: each recipe's gap to BF16", "",
-                  "Every gap measured so far in the studies below (the pilots and the "
+                  "Every gap measured in the studies below (the pilots and the "
                   "superseded first attempt aside), paired by seed:", "", headline, "",
                   PUBLISHED_ANCHORS, ""]
     goals = goals_section(specs, results)
