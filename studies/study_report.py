@@ -305,26 +305,19 @@ def replay_comparison(variants: dict[str, dict[int, dict]],
         +0.00%
         +1.00% |
     """
+    gaps_then, gaps_again = paired_gaps(variants), paired_gaps(replayed)
     base_then, base_again = variants.get(BASELINE, {}), replayed.get(BASELINE, {})
     rows, notes = [], []
-    for v, runs_again in replayed.items():
-        if v == BASELINE:
-            continue
-        seeds = [s for s in sorted(runs_again) if s in base_again and s in base_then
-                 and s in variants.get(v, {})
-                 and all(finite_val(r) for r in (runs_again[s], base_again[s],
-                                                 base_then[s], variants[v][s]))]
+    for v, by_seed in gaps_again.items():
+        seeds = sorted(set(by_seed) & set(gaps_then.get(v, {})))
         if not seeds:
             continue
-        then, again, moved = [], [], []
-        for s in seeds:
-            x0, b0, x1, b1 = (variants[v][s], base_then[s], runs_again[s], base_again[s])
-            g0 = x0["final_val_bpb"] / b0["final_val_bpb"] - 1
-            g1 = x1["final_val_bpb"] / b1["final_val_bpb"] - 1
+        then, again = [gaps_then[v][s] for s in seeds], [by_seed[s] for s in seeds]
+        moved = []
+        for s, g0, g1 in zip(seeds, then, again):
+            x0, b0, x1, b1 = (variants[v][s], base_then[s], replayed[v][s], base_again[s])
             dx = x1["final_val_bpb"] / x0["final_val_bpb"] - 1
             db = b1["final_val_bpb"] / b0["final_val_bpb"] - 1
-            then.append(g0)
-            again.append(g1)
             moved += [dx, db]
             rows.append(f"| {v} | {s} | {_batch_place(x0)}; {_batch_place(b0)} | "
                         f"{_batch_place(x1)}; {_batch_place(b1)} | {_pct(g0)} | {_pct(g1)} "
@@ -339,7 +332,7 @@ def replay_comparison(variants: dict[str, dict[int, dict]],
         if len(seeds) >= 3 and np.std(then) > 0 and np.std(again) > 0:
             line += (f"; committed and replayed gaps correlate "
                      f"{np.corrcoef(then, again)[0, 1]:.2f}")
-        all_gaps = list(paired_gaps(variants).get(v, {}).values())
+        all_gaps = list(gaps_then[v].values())
         spread = mean_interval(all_gaps).sd if len(all_gaps) >= 2 else None
         if len(seeds) >= 2 and spread:
             part = change.std(ddof=1) / np.sqrt(2)
